@@ -1,0 +1,1 @@
+"""The ``slr`` command line."""

@@ -1,0 +1,47 @@
+"""The ``slr`` click group. Sub-commands live in small modules; plugins add their own."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from slr import __version__
+from slr.errors import SlrError
+from slr.plugins import get_plugin_manager
+from slr_cli import config_cmd, plugins_cmd, run_cmd
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="slr", message="%(prog)s %(version)s")
+def cli() -> None:
+    """SWE-Lego-RL: train coding agents with online RL on real software tasks.
+
+    \b
+    Start here:
+      slr plugins                 what is installed (agents, backends, engines, ...)
+      slr config show             the resolved run config, every default spelled out
+      slr run -c run.toml         train; --agent/--backend/--set override the file
+    """
+
+
+cli.add_command(run_cmd.run)
+cli.add_command(plugins_cmd.plugins)
+cli.add_command(config_cmd.config)
+
+
+def main() -> None:
+    try:
+        get_plugin_manager().hook.register_commands(cli=cli)
+        cli.main(standalone_mode=False)
+    except SlrError as exc:
+        click.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)

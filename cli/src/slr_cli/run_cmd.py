@@ -1,0 +1,40 @@
+"""``slr run``: train a policy (or resume a run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from slr.errors import SlrError
+from slr_cli.options import config_options, resolve_config
+
+
+@click.command()
+@config_options
+@click.option(
+    "--resume",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Continue the run in this run directory (runs/<run-id>) where it stopped.",
+)
+def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume) -> None:
+    """Train a coding agent with online RL.
+
+    \b
+    Examples:
+      slr run -c examples/quickstart/run.toml
+      slr run --agent opencode --backend docker --set rollout.n_per_task=8
+      slr run --resume runs/quickstart-20261130-101500
+
+    The config is resolved and validated first (see `slr config show`); an unknown plugin or
+    key stops the run before anything starts.
+    """
+    cfg = resolve_config(config_path, agent, backend, engine, optimizer, verifier, sets)
+    try:
+        from slr.loop import train  # the synchronous loop (rollout, update, sync)
+    except ImportError:
+        raise SlrError(
+            "this build of slr-core has no training loop yet (slr.loop); the config above "
+            "is valid. Use `slr config show` to inspect it."
+        ) from None
+    train(cfg, resume=resume)

@@ -1,0 +1,245 @@
+"""The run config: one TOML file, attrs classes, every field documented.
+
+Core sections (``[run]``, ``[tasks]``, ``[rollout]``, ``[algorithm]``, ``[proxy]``) are
+defined here. The plugin sections (``[agent]``, ``[backend]``, ``[engine]``,
+``[optimizer]``, ``[verifier]``) hold ``name`` plus that plugin's own options, validated by
+the ``config_cls`` it registered.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import tomli_w
+from attrs import frozen, validators
+
+from slr.config.structure import option, structure, unstructure
+from slr.errors import ConfigError
+from slr.plugins import PluginManager
+
+__all__ = ["PLUGIN_SECTIONS", "Config", "PluginChoice", "load_config", "option"]
+
+#: config section -> plugin kind
+PLUGIN_SECTIONS: dict[str, str] = {
+    "agent": "agent",
+    "backend": "sandbox_backend",
+    "engine": "engine",
+    "optimizer": "optimizer",
+    "verifier": "verifier",
+}
+
+DEFAULT_PLUGINS: dict[str, str] = {
+    "agent": "mini-swe-agent",
+    "backend": "local",
+    "engine": "hf",
+    "optimizer": "torch",
+    "verifier": "harbor",
+}
+
+
+@frozen(kw_only=True)
+class RunSection:
+    name: str = option("run", doc="Name of the run; the run id is '<name>-<timestamp>'.")
+    runs_dir: Path = option(Path("runs"), doc="Folder that holds one sub-folder per run.")
+    seed: int = option(0, doc="Seed for task order, sampling and initialisation.")
+    steps: int = option(
+        1, doc="Optimizer steps to run (0: roll out and record only).", validator=validators.ge(0)
+    )
+    checkpoint_every: int = option(
+        1, doc="Write a checkpoint every N steps.", validator=validators.ge(1)
+    )
+
+
+@frozen(kw_only=True)
+class TasksSection:
+    path: Path = option(
+        Path("examples/tasks"),
+        doc="A folder of Harbor task folders, or a task index (.parquet) of pointers to them.",
+    )
+    include: list[str] = option(
+        factory=list, doc="Task ids to use; empty means every task under `path`."
+    )
+
+
+@frozen(kw_only=True)
+class RolloutSection:
+    tasks_per_step: int = option(
+        2, doc="Tasks sampled for each optimizer step.", validator=validators.ge(1)
+    )
+    n_per_task: int = option(4, doc="Trials per task: one GRPO group.", validator=validators.ge(1))
+    concurrency: int = option(4, doc="Trials running at once.", validator=validators.ge(1))
+    temperature: float = option(
+        1.0, doc="Sampling temperature for the policy.", validator=validators.ge(0.0)
+    )
+    top_p: float = option(
+        1.0,
+        doc="Nucleus sampling threshold (1.0: off).",
+        validator=[validators.gt(0.0), validators.le(1.0)],
+    )
+    max_tokens: int = option(
+        512, doc="Most tokens the policy may generate per model call.", validator=validators.ge(1)
+    )
+
+
+@frozen(kw_only=True)
+class AlgorithmSection:
+    adv_estimator: str = option(
+        "grpo", doc="verl advantage estimator by name: grpo, rloo, reinforce_plus_plus, gae, ..."
+    )
+    policy_loss: str = option(
+        "vanilla", doc="verl policy loss by name: vanilla (PPO clip), gspo, cispo, clip_cov, ..."
+    )
+    clip_ratio_low: float = option(0.2, doc="PPO clip range below 1.")
+    clip_ratio_high: float = option(0.2, doc="PPO clip range above 1.")
+    kl_coef: float = option(0.0, doc="Weight of the KL penalty to the reference model (0: off).")
+    entropy_coef: float = option(0.0, doc="Weight of the entropy bonus (0: off).")
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = option("token-mean", doc="How per-token losses are aggregated (verl's names).")
+
+
+@frozen(kw_only=True)
+class ProxySection:
+    host: str = option("127.0.0.1", doc="Address the in-process proxy binds to.")
+    port: int = option(0, doc="Port for the proxy; 0 picks a free one.", validator=validators.ge(0))
+    on_history_rewrite: Literal["new_segment", "recompute"] = option(
+        "new_segment",
+        doc="When the agent rewrites history: start a new segment, or recompute the prefix.",
+    )
+    tool_parser: str = option("hermes", doc="Parser for the model's native tool-call syntax.")
+    max_body_bytes: int = option(
+        8 * 1024 * 1024, doc="Largest request body accepted.", validator=validators.ge(1024)
+    )
+
+
+@frozen(kw_only=True)
+class PluginChoice:
+    """A plugin section: which plugin, plus its own options (its ``config_cls`` instance)."""
+
+    name: str
+    options: Any = None
+
+
+@frozen(kw_only=True)
+class Config:
+    run: RunSection = option(factory=RunSection, doc="The run itself.")
+    tasks: TasksSection = option(factory=TasksSection, doc="Which tasks to train on.")
+    rollout: RolloutSection = option(factory=RolloutSection, doc="How trials are rolled out.")
+    algorithm: AlgorithmSection = option(factory=AlgorithmSection, doc="The RL algorithm.")
+    proxy: ProxySection = option(factory=ProxySection, doc="The in-process proxy.")
+    agent: PluginChoice = option(doc="The agent scaffold plugin and its options.")
+    backend: PluginChoice = option(doc="The sandbox backend plugin and its options.")
+    engine: PluginChoice = option(doc="The inference engine plugin and its options.")
+    optimizer: PluginChoice = option(doc="The optimizer plugin and its options.")
+    verifier: PluginChoice = option(doc="The verifier plugin and its options.")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in attrs.fields(Config):
+            value = getattr(self, f.name)
+            if isinstance(value, PluginChoice):
+                out[f.name] = {"name": value.name, **(unstructure(value.options) or {})}
+            else:
+                out[f.name] = unstructure(value)
+        return out
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+
+def parse_set(assignment: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (['a', 'b'], value); the value is read as TOML, else as a string."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {assignment!r} must look like section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return [p.strip() for p in key.strip().split(".")], value
+
+
+def _apply(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = data
+    for i, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {'.'.join(keys)}: {'.'.join(keys[: i + 1])} is not a table")
+        node = child
+    node[keys[-1]] = value
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    plugins: PluginManager,
+    choose: dict[str, str | None] | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+    data: dict[str, Any] | None = None,
+) -> Config:
+    """Read, override and validate a run config. Fails before anything starts, by name."""
+    if data is None:
+        data = {}
+        if path is not None:
+            try:
+                data = tomllib.loads(Path(path).read_text())
+            except FileNotFoundError:
+                raise ConfigError(f"config file {str(path)!r} does not exist") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for section, name in (choose or {}).items():
+        if name is not None:
+            data.setdefault(section, {})["name"] = name
+    for assignment in sets:
+        _apply(data, *parse_set(assignment))
+
+    core = {k: v for k, v in data.items() if k not in PLUGIN_SECTIONS}
+    for key in core:
+        if key not in CORE_SECTIONS:
+            allowed = [*CORE_SECTIONS, *PLUGIN_SECTIONS]
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"unknown config section {key!r}.{hint} Sections: {', '.join(allowed)}"
+            )
+    choices = {}
+    for section, kind in PLUGIN_SECTIONS.items():
+        raw = data.get(section, {})
+        if not isinstance(raw, dict):
+            raise ConfigError(f"[{section}] must be a table, got {raw!r}")
+        raw = dict(raw)
+        name = raw.pop("name", DEFAULT_PLUGINS[section])
+        if not isinstance(name, str):
+            raise ConfigError(f"{section}.name = {name!r} is not valid: expected a plugin name")
+        registration = plugins.get(kind, name)
+        if registration.config_cls is None:
+            if raw:
+                raise ConfigError(
+                    f"{section} {name!r} takes no options, but [{section}] sets "
+                    f"{', '.join(sorted(raw))}; remove them"
+                )
+            options = None
+        else:
+            options = structure(raw, registration.config_cls, path=section)
+        choices[section] = PluginChoice(name=name, options=options)
+    base = structure(core, _CoreOnly, path="")
+    return Config(**{f.name: getattr(base, f.name) for f in attrs.fields(_CoreOnly)}, **choices)
+
+
+@frozen(kw_only=True)
+class _CoreOnly:
+    """The core sections alone, so unknown top-level keys are caught by one structurer."""
+
+    run: RunSection = option(factory=RunSection, doc="")
+    tasks: TasksSection = option(factory=TasksSection, doc="")
+    rollout: RolloutSection = option(factory=RolloutSection, doc="")
+    algorithm: AlgorithmSection = option(factory=AlgorithmSection, doc="")
+    proxy: ProxySection = option(factory=ProxySection, doc="")
+
+
+CORE_SECTIONS = {f.name: f.type for f in attrs.fields(_CoreOnly)}

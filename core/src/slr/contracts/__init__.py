@@ -1,0 +1,45 @@
+"""Contracts: the protocols each plugin implements and the records they pass."""
+
+from slr.contracts.agent import AgentAdapter, AgentOutcome, Bundle, Endpoint
+from slr.contracts.engine import ContextOverflow, Engine, EngineUnavailable
+from slr.contracts.optimizer import Optimizer
+from slr.contracts.records import (
+    ExecResult,
+    Generation,
+    Reward,
+    SamplingParams,
+    Segment,
+    TerminationReason,
+    Trajectory,
+    TrialResult,
+)
+from slr.contracts.sandbox import Sandbox, SandboxBackend, SandboxError
+from slr.contracts.serialize import from_dict, to_dict
+from slr.contracts.verifier import Verifier, VerifierError, VerifierTimeout
+
+__all__ = [
+    "AgentAdapter",
+    "AgentOutcome",
+    "Bundle",
+    "ContextOverflow",
+    "Endpoint",
+    "Engine",
+    "EngineUnavailable",
+    "ExecResult",
+    "Generation",
+    "Optimizer",
+    "Reward",
+    "SamplingParams",
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxError",
+    "Segment",
+    "TerminationReason",
+    "Trajectory",
+    "TrialResult",
+    "Verifier",
+    "VerifierError",
+    "VerifierTimeout",
+    "from_dict",
+    "to_dict",
+]

@@ -1,0 +1,54 @@
+"""The agent-adapter contract: run an unmodified scaffold against a session endpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+from attrs import field, frozen
+
+from slr.contracts.sandbox import Sandbox
+
+Protocol_ = Literal["openai", "anthropic"]
+
+
+@frozen(kw_only=True)
+class Bundle:
+    """A scaffold's runtime, built once on the host and mounted read-only into sandboxes."""
+
+    path: Path
+    version: str
+
+
+@frozen(kw_only=True)
+class Endpoint:
+    """Where the scaffold reaches the policy: a base URL as seen from inside the sandbox."""
+
+    base_url: str
+    api_key: str
+    model: str
+
+
+@frozen(kw_only=True)
+class AgentOutcome:
+    """How the scaffold's process ended, and its own logs."""
+
+    exit_code: int | None
+    timed_out: bool = False
+    logs: dict[str, str] = field(factory=dict)
+
+
+@runtime_checkable
+class AgentAdapter(Protocol):
+    """A thin adapter for one scaffold. Never a fork: configuration, command line, logs."""
+
+    protocol: Protocol_
+    """Which API the scaffold speaks through the proxy."""
+
+    def bundle(self) -> Bundle:
+        """Build (once, cached, locked) and return the scaffold's runtime bundle."""
+
+    async def run(
+        self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
+    ) -> AgentOutcome:
+        """Run the scaffold headless on ``instruction`` inside ``sandbox`` until it exits."""

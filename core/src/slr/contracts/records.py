@@ -1,0 +1,160 @@
+"""The records that cross plugin boundaries. Frozen attrs classes, validated at construction."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+import attrs
+from attrs import field, frozen, validators
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class TerminationReason(enum.StrEnum):
+    """Why a trial ended. Infrastructure failures are excluded from the loss, never scored 0."""
+
+    COMPLETED = "completed"
+    AGENT_TIMEOUT = "agent_timeout"
+    AGENT_ERROR = "agent_error"
+    CONTEXT_OVERFLOW = "context_overflow"
+    VERIFIER_TIMEOUT = "verifier_timeout"
+    VERIFIER_ERROR = "verifier_error"
+    SANDBOX_ERROR = "sandbox_error"
+    ENGINE_ERROR = "engine_error"
+    BROKEN_TASK = "broken_task"
+
+    @property
+    def is_infrastructure_failure(self) -> bool:
+        """True when the policy is not to blame: the trial must not enter the loss."""
+        return self in _INFRA
+
+
+_INFRA = frozenset(
+    {
+        TerminationReason.VERIFIER_ERROR,
+        TerminationReason.SANDBOX_ERROR,
+        TerminationReason.ENGINE_ERROR,
+        TerminationReason.BROKEN_TASK,
+    }
+)
+
+
+def _same_length_as(other: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        ref = getattr(instance, other)
+        if value is not None and len(value) != len(ref):
+            raise ValueError(
+                f"{type(instance).__name__}.{attribute.name} has {len(value)} entries but "
+                f"{other} has {len(ref)}; they must align one per token"
+            )
+
+    return check
+
+
+@frozen(kw_only=True)
+class SamplingParams:
+    """How to sample. ``top_k = 0`` and ``top_p = 1.0`` mean no truncation."""
+
+    temperature: float = field(default=1.0, validator=validators.ge(0.0))
+    top_p: float = field(default=1.0, validator=[validators.gt(0.0), validators.le(1.0)])
+    top_k: int = field(default=0, validator=validators.ge(0))
+    max_tokens: int = field(default=512, validator=validators.ge(1))
+    stop: tuple[str, ...] = field(default=(), converter=tuple)
+    stop_token_ids: tuple[int, ...] = field(default=(), converter=tuple)
+    seed: int | None = None
+
+
+@frozen(kw_only=True)
+class Generation:
+    """What an engine generated for one call.
+
+    ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution it was
+    sampled from *after* temperature scaling and before top-k / top-p truncation (see the
+    engine docs); the trainer scores tokens under the same definition.
+    """
+
+    token_ids: tuple[int, ...] = field(converter=tuple)
+    logprobs: tuple[float, ...] = field(converter=tuple, validator=_same_length_as("token_ids"))
+    finish_reason: FinishReason
+    routed_experts: Any | None = None
+    weights_version: int = 0
+    prompt_tokens: int = 0
+
+
+@frozen(kw_only=True)
+class ExecResult:
+    """One command run in a sandbox."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@frozen(kw_only=True)
+class Segment:
+    """A contiguous token sequence the policy saw: prompt tokens (mask 0) and its own (mask 1).
+
+    ``logprobs`` holds the behaviour log-prob for mask-1 tokens and 0.0 elsewhere.
+    """
+
+    token_ids: tuple[int, ...] = field(converter=tuple)
+    loss_mask: tuple[int, ...] = field(converter=tuple, validator=_same_length_as("token_ids"))
+    logprobs: tuple[float, ...] = field(converter=tuple, validator=_same_length_as("token_ids"))
+    routed_experts: Any | None = None
+    weights_versions: tuple[int, ...] = field(default=(), converter=tuple)
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@frozen(kw_only=True)
+class Trajectory:
+    """Everything one session generated. A history rewrite starts a new segment."""
+
+    session_id: str
+    segments: tuple[Segment, ...] = field(default=(), converter=tuple)
+    num_calls: int = 0
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return sum(s.num_policy_tokens for s in self.segments)
+
+
+@frozen(kw_only=True)
+class Reward:
+    """The verifier's verdict: a scalar for the loss plus whatever else the tests reported."""
+
+    value: float
+    details: dict[str, Any] = field(factory=dict)
+
+
+@frozen(kw_only=True)
+class TrialResult:
+    """One trial, as recorded in ``runs/<id>/trials/<trial_id>.json``."""
+
+    trial_id: str
+    task_id: str
+    termination: TerminationReason = field(converter=TerminationReason)
+    reward: Reward | None = None
+    group_id: str | None = None
+    step: int | None = None
+    agent: str | None = None
+    agent_version: str | None = None
+    weights_version: int | None = None
+    error: str | None = None
+    timings: dict[str, float] = field(factory=dict)
+    trajectory: Trajectory | None = None
+    logs: dict[str, str] = field(factory=dict)
+
+    @property
+    def trainable(self) -> bool:
+        """Whether this trial may enter the loss (infrastructure failures may not)."""
+        return not self.termination.is_infrastructure_failure and self.reward is not None

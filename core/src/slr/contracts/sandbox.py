@@ -1,0 +1,62 @@
+"""The sandbox contract: a fresh, isolated place for one trial."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from slr.contracts.records import ExecResult
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One trial's sandbox. Every method may raise ``SandboxError`` when the sandbox died."""
+
+    id: str
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run a command (a string goes through ``bash -lc``); a timeout kills its process tree."""
+
+    async def upload(self, src: Path, dest: str) -> None:
+        """Copy a host file or folder to ``dest`` inside the sandbox."""
+
+    async def download(self, src: str, dest: Path) -> None:
+        """Copy ``src`` from the sandbox to the host."""
+
+    def proxy_url(self, host_url: str) -> str:
+        """The URL under which this sandbox reaches a proxy the host serves at ``host_url``."""
+
+    async def set_network(self, mode: str) -> None:
+        """``"proxy-only"`` during the agent phase; ``"none"`` or ``"full"`` per the task."""
+
+    async def stop(self) -> None:
+        """Destroy the sandbox. Idempotent; always called."""
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    """Makes sandboxes from task environments."""
+
+    async def prepare(self, task: Any) -> None:
+        """Build or fetch what ``start`` needs for this task (image build, cached by content)."""
+
+    async def start(self, task: Any, *, trial_id: str, labels: Mapping[str, str]) -> Sandbox:
+        """A fresh sandbox for one trial of ``task`` (a ``slr.tasks.Task``)."""
+
+    async def cleanup_orphans(self) -> int:
+        """Remove sandboxes left by crashed runs (found by label); returns how many."""
+
+    async def close(self) -> None: ...
+
+
+class SandboxError(RuntimeError):
+    """The sandbox died or could not be made; the trial ends with ``sandbox_error``."""

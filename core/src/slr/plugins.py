@@ -1,0 +1,269 @@
+"""The plugin manager: loads the ``slr`` entry points once and keeps the registries.
+
+Every agent, sandbox backend, verifier, optimizer and engine is registered by a plugin
+through a ``register_<kind>s(register)`` hook. The manager records which distribution (and
+version) registered what, so errors and ``slr plugins`` can name them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+from attrs import field, frozen
+
+from slr import hookspecs
+from slr.errors import PluginError, UnknownPluginError
+
+ENTRY_POINT_GROUP = "slr"
+
+
+@frozen(kw_only=True)
+class Kind:
+    """One kind of pluggable thing: its hook, the word people use, its distribution prefix."""
+
+    key: str
+    hook: str
+    noun: str
+    dist_prefix: str
+
+
+KINDS: dict[str, Kind] = {
+    k.key: k
+    for k in (
+        Kind(key="agent", hook="register_agents", noun="agent", dist_prefix="slr-adapter-"),
+        Kind(
+            key="sandbox_backend",
+            hook="register_sandbox_backends",
+            noun="sandbox backend",
+            dist_prefix="slr-backend-",
+        ),
+        Kind(
+            key="verifier", hook="register_verifiers", noun="verifier", dist_prefix="slr-verifier-"
+        ),
+        Kind(
+            key="optimizer",
+            hook="register_optimizers",
+            noun="optimizer",
+            dist_prefix="slr-optimizer-",
+        ),
+        Kind(key="engine", hook="register_engines", noun="engine", dist_prefix="slr-engine-"),
+    )
+}
+
+
+@frozen(kw_only=True)
+class PluginInfo:
+    """A loaded plugin: its name (the entry point's), and the distribution that shipped it."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+
+    def describe(self) -> str:
+        if self.distribution is None:
+            return f"plugin {self.name!r} (registered in-process)"
+        return f"{self.distribution} {self.version} (plugin {self.name!r})"
+
+
+@frozen(kw_only=True)
+class Registration:
+    """One registered thing. ``factory`` is a callable or a lazy ``"module:attr"`` string."""
+
+    kind: str
+    name: str
+    factory: Callable[..., Any] | str = field(repr=False)
+    config_cls: type | None = None
+    plugin: PluginInfo
+
+    def load(self) -> Callable[..., Any]:
+        """The factory itself, importing its module now if it was given as a string."""
+        if not isinstance(self.factory, str):
+            return self.factory
+        module_name, _, attr = self.factory.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split(".") if attr else ():
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            raise PluginError(
+                f"{KINDS[self.kind].noun} {self.name!r} from {self.plugin.describe()} points at "
+                f"{self.factory!r}, which cannot be loaded: {exc}. Reinstall that distribution, "
+                f"or uninstall it if you do not need it."
+            ) from exc
+        return obj
+
+
+def _allowlist() -> set[str] | None:
+    raw = os.environ.get("SLR_LOAD_PLUGINS")
+    if raw is None:
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+class PluginManager:
+    """pluggy's manager plus the registries filled by the ``register_<kind>s`` hooks."""
+
+    def __init__(self, *, load_entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self._registries: dict[str, dict[str, Registration]] | None = None
+        if load_entry_points:
+            self._load_entry_points()
+
+    @property
+    def hook(self) -> pluggy.HookRelay:
+        return self.pm.hook
+
+    def _load_entry_points(self) -> None:
+        allow = _allowlist()
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            dist = ep.dist
+            dist_name = dist.name if dist is not None else None
+            if allow is not None and ep.name not in allow and dist_name not in allow:
+                continue
+            try:
+                module = ep.load()
+            except Exception as exc:
+                raise PluginError(
+                    f"plugin {ep.name!r} from {dist_name} could not be imported ({ep.value}): "
+                    f"{type(exc).__name__}: {exc}. Reinstall it, or exclude it with "
+                    f"SLR_LOAD_PLUGINS=<comma-separated names>."
+                ) from exc
+            self.register_plugin(
+                module,
+                name=ep.name,
+                distribution=dist_name,
+                version=dist.version if dist is not None else None,
+            )
+
+    def register_plugin(
+        self,
+        plugin: object,
+        *,
+        name: str,
+        distribution: str | None = None,
+        version: str | None = None,
+    ) -> PluginInfo:
+        """Register a module or object of hook implementations. Misspelled hooks fail here."""
+        if self.pm.has_plugin(name):
+            raise PluginError(
+                f"two plugins are named {name!r}: {self.plugins[name].describe()} and "
+                f"{distribution or 'an in-process plugin'}. Uninstall one of them."
+            )
+        try:
+            self.pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(f"plugin {name!r} ({distribution}) is invalid: {exc}") from exc
+        info = PluginInfo(name=name, distribution=distribution, version=version)
+        self.plugins[name] = info
+        self._check_hook_names(name, plugin, info)
+        self._registries = None
+        return info
+
+    def unregister_plugin(self, name: str) -> None:
+        self.pm.unregister(name=name)
+        self.plugins.pop(name, None)
+        self._registries = None
+
+    def _check_hook_names(self, name: str, plugin: object, info: PluginInfo) -> None:
+        known = set(self.pm.hook.__dict__)
+        for attr in dir(plugin):
+            impl = self.pm.parse_hookimpl_opts(plugin, attr)
+            if impl is None or attr in known:
+                continue
+            self.pm.unregister(name=name)
+            self.plugins.pop(name, None)
+            close = difflib.get_close_matches(attr, sorted(known), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise PluginError(
+                f"{info.describe()} implements {attr!r}, which is not an slr hook.{hint} "
+                f"The hooks are listed in docs/plugins/hooks.md."
+            )
+
+    # -- registries ---------------------------------------------------------------------
+
+    def _collect(self) -> dict[str, dict[str, Registration]]:
+        registries: dict[str, dict[str, Registration]] = {key: {} for key in KINDS}
+        for kind in KINDS.values():
+            caller = getattr(self.pm.hook, kind.hook)
+            # Call each implementation on its own so every registration is attributed to the
+            # plugin that made it (pluggy's fan-out call would lose that).
+            for impl in reversed(caller.get_hookimpls()):
+                info = self.plugins.get(impl.plugin_name) or PluginInfo(name=impl.plugin_name)
+                register = _Registrar(kind.key, info, registries[kind.key])
+                impl.function(**{arg: register for arg in impl.argnames})
+        return registries
+
+    def registry(self, kind: str) -> dict[str, Registration]:
+        if kind not in KINDS:
+            raise KeyError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}")
+        if self._registries is None:
+            self._registries = self._collect()
+        return self._registries[kind]
+
+    def get(self, kind: str, name: str) -> Registration:
+        """The registration of ``name``, or an error listing what is installed."""
+        registry = self.registry(kind)
+        if name in registry:
+            return registry[name]
+        k = KINDS[kind]
+        installed = ", ".join(sorted(registry)) or "none"
+        close = difflib.get_close_matches(name, list(registry), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise UnknownPluginError(
+            f"unknown {k.noun} {name!r}.{hint} Installed {k.noun}s: {installed}. "
+            f"To add it: pip install {k.dist_prefix}{name}"
+        )
+
+
+class _Registrar:
+    """The ``register`` callback handed to one plugin's registration hook."""
+
+    def __init__(self, kind: str, plugin: PluginInfo, into: dict[str, Registration]) -> None:
+        self.kind, self.plugin, self.into = kind, plugin, into
+
+    def __call__(
+        self, name: str, factory: Callable[..., Any] | str, *, config_cls: type | None = None
+    ) -> None:
+        noun = KINDS[self.kind].noun
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"{self.plugin.describe()} registered a {noun} with no name")
+        if isinstance(factory, str) and ":" not in factory:
+            raise PluginError(
+                f"{self.plugin.describe()} registered {noun} {name!r} with factory {factory!r}; "
+                f"a string factory must look like 'package.module:Class'"
+            )
+        if name in self.into:
+            other = self.into[name].plugin
+            raise PluginError(
+                f"{noun} {name!r} is registered twice: by {other.describe()} and by "
+                f"{self.plugin.describe()}. Uninstall one of them, or load only one with "
+                f"SLR_LOAD_PLUGINS."
+            )
+        self.into[name] = Registration(
+            kind=self.kind, name=name, factory=factory, config_cls=config_cls, plugin=self.plugin
+        )
+
+
+_manager: PluginManager | None = None
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide manager; entry points are loaded on first use, once."""
+    global _manager
+    if _manager is None:
+        _manager = PluginManager()
+    return _manager
+
+
+def set_plugin_manager(manager: PluginManager | None) -> None:
+    """Replace the process-wide manager (tests; ``None`` makes the next call reload)."""
+    global _manager
+    _manager = manager

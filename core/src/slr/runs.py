@@ -1,0 +1,174 @@
+"""The run directory: the single source of truth for everything after the fact.
+
+::
+
+    runs/<run-id>/
+      config.toml        the resolved config (atomic write)
+      metrics.jsonl      one line per optimizer step
+      events.jsonl       run-level events (started, resumed, failed, ...)
+      trials/<id>.json   one record per trial (atomic write; a trial is never recorded twice)
+      checkpoints/       optimizer checkpoints, one folder per step
+
+Every whole-file write goes to a temporary file and is renamed into place. Appends are
+flushed at once and fsynced when ``sync()`` is called at step boundaries. A process killed
+mid-append leaves at most a torn last line, which readers skip and the next writer repairs.
+The dashboard, ``slr status`` and resume read only through ``RunDir``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from slr.contracts import TrialResult, from_dict, to_dict
+from slr.errors import UsageError
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``path`` so a reader sees the old content or the new, never a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _repair_torn_tail(path: Path) -> None:
+    """Cut a partial last line left by a killed writer, so appends start on a fresh line."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as fh:
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) == b"\n":
+            return
+        data = path.read_bytes()
+        fh.truncate(data.rfind(b"\n") + 1)
+
+
+def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                return  # torn tail from a killed writer
+            line = raw.strip()
+            if line:
+                yield json.loads(line)
+
+
+class RunDir:
+    """One run's folder. ``create`` for a new run, ``open`` for an existing one."""
+
+    CONFIG = "config.toml"
+    METRICS = "metrics.jsonl"
+    EVENTS = "events.jsonl"
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.id = self.path.name
+        self._handles: dict[str, Any] = {}
+
+    # -- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, runs_dir: Path, name: str, config_toml: str) -> RunDir:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+        base = Path(runs_dir) / f"{name}-{stamp}"
+        path, n = base, 1
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+        (path / "trials").mkdir(parents=True)
+        (path / "checkpoints").mkdir()
+        run = cls(path)
+        atomic_write(path / cls.CONFIG, config_toml)
+        return run
+
+    @classmethod
+    def open(cls, path: Path) -> RunDir:
+        path = Path(path)
+        if not (path / cls.CONFIG).is_file():
+            raise UsageError(
+                f"{str(path)!r} is not a run directory (no {cls.CONFIG}); "
+                f"runs live under the config's run.runs_dir, e.g. runs/<run-id>"
+            )
+        for name in (cls.METRICS, cls.EVENTS):
+            _repair_torn_tail(path / name)
+        (path / "trials").mkdir(exist_ok=True)
+        (path / "checkpoints").mkdir(exist_ok=True)
+        return cls(path)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _append(self, name: str, record: dict[str, Any]) -> None:
+        fh = self._handles.get(name)
+        if fh is None:
+            fh = self._handles[name] = (self.path / name).open("a", encoding="utf-8")
+        fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        fh.flush()
+
+    def append_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        self._append(self.METRICS, {"step": step, **metrics})
+
+    def append_event(self, event: str, **fields: Any) -> None:
+        now = dt.datetime.now(dt.UTC).isoformat()
+        self._append(self.EVENTS, {"event": event, "time": now, **fields})
+
+    def write_trial(self, trial: TrialResult) -> Path:
+        """Record a trial. Recording the same trial id twice is a bug and raises."""
+        path = self.path / "trials" / f"{trial.trial_id}.json"
+        if path.exists():
+            raise FileExistsError(f"trial {trial.trial_id} is already recorded at {path}")
+        atomic_write(path, json.dumps(to_dict(trial), sort_keys=True))
+        return path
+
+    def sync(self) -> None:
+        """Make every append so far durable (called at step boundaries)."""
+        for fh in self._handles.values():
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        self.sync()
+        for fh in self._handles.values():
+            fh.close()
+        self._handles.clear()
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.path / "checkpoints" / f"step-{step:06d}"
+
+    # -- reading -------------------------------------------------------------------------
+
+    def config_text(self) -> str:
+        return (self.path / self.CONFIG).read_text()
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return list(_read_jsonl(self.path / self.METRICS))
+
+    def events(self) -> list[dict[str, Any]]:
+        return list(_read_jsonl(self.path / self.EVENTS))
+
+    def trial_ids(self) -> set[str]:
+        return {p.stem for p in (self.path / "trials").glob("*.json")}
+
+    def trials(self) -> Iterator[TrialResult]:
+        for p in sorted((self.path / "trials").glob("*.json")):
+            yield from_dict(json.loads(p.read_text()), TrialResult)
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint (one whose ``COMPLETE`` marker was written last)."""
+        done = sorted(p.parent for p in (self.path / "checkpoints").glob("step-*/COMPLETE"))
+        return done[-1] if done else None

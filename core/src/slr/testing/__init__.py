@@ -1,0 +1,12 @@
+"""Test kit for plugin authors: fixtures and conformance suites.
+
+``slr_plugins`` (a pytest fixture, loaded automatically through the ``pytest11`` entry
+point) gives a fresh plugin manager for one test; ``slr_plugins.register(obj, name=...)``
+adds an in-process plugin that is gone after the test. Backends, adapters and engines
+subclass the conformance suites in ``slr.testing.conformance``.
+"""
+
+from slr.testing.conformance import AgentAdapterTests, EngineTests, SandboxBackendTests
+from slr.testing.fixtures import PluginsForTest
+
+__all__ = ["AgentAdapterTests", "EngineTests", "PluginsForTest", "SandboxBackendTests"]
