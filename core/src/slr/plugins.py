@@ -173,7 +173,7 @@ class PluginManager:
         self._registries = None
 
     def _check_hook_names(self, name: str, plugin: object, info: PluginInfo) -> None:
-        known = set(self.pm.hook.__dict__)
+        known = {n for n, caller in vars(self.pm.hook).items() if caller.spec is not None}
         for attr in dir(plugin):
             impl = self.pm.parse_hookimpl_opts(plugin, attr)
             if impl is None or attr in known:

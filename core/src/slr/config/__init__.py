@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -207,6 +208,7 @@ def load_config(
             raise ConfigError(
                 f"unknown config section {key!r}.{hint} Sections: {', '.join(allowed)}"
             )
+    base = structure(core, _CoreOnly, path="")
     choices = {}
     for section, kind in PLUGIN_SECTIONS.items():
         raw = data.get(section, {})
@@ -227,7 +229,6 @@ def load_config(
         else:
             options = structure(raw, registration.config_cls, path=section)
         choices[section] = PluginChoice(name=name, options=options)
-    base = structure(core, _CoreOnly, path="")
     return Config(**{f.name: getattr(base, f.name) for f in attrs.fields(_CoreOnly)}, **choices)
 
 
@@ -242,4 +243,4 @@ class _CoreOnly:
     proxy: ProxySection = option(factory=ProxySection, doc="")
 
 
-CORE_SECTIONS = {f.name: f.type for f in attrs.fields(_CoreOnly)}
+CORE_SECTIONS: dict[str, type] = typing.get_type_hints(_CoreOnly)

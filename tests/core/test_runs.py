@@ -1,0 +1,114 @@
+"""The run directory: atomic writes, durable appends, torn tails, no trial twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from slr.contracts import Reward, Segment, TerminationReason, Trajectory, TrialResult
+from slr.errors import UsageError
+from slr.runs import RunDir, atomic_write
+
+
+def _trial(tid: str, reward: float | None = 1.0, term="completed") -> TrialResult:
+    return TrialResult(
+        trial_id=tid,
+        task_id="hello",
+        termination=term,
+        reward=None if reward is None else Reward(value=reward, details={"tests": 3}),
+        trajectory=Trajectory(
+            session_id="s",
+            segments=[Segment(token_ids=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0, -0.5, -1.0])],
+        ),
+    )
+
+
+def test_create_lays_out_the_run(tmp_path):
+    run = RunDir.create(tmp_path, "exp", "x = 1\n")
+    assert run.id.startswith("exp-")
+    assert (run.path / "trials").is_dir() and (run.path / "checkpoints").is_dir()
+    assert run.config_text() == "x = 1\n"
+    again = RunDir.create(tmp_path, "exp", "")
+    assert again.path != run.path  # same second: a suffix, never a shared folder
+
+
+def test_trials_round_trip_and_are_never_recorded_twice(tmp_path):
+    run = RunDir.create(tmp_path, "exp", "")
+    run.write_trial(_trial("t1"))
+    run.write_trial(_trial("t2", reward=None, term="sandbox_error"))
+    with pytest.raises(FileExistsError, match="t1 is already recorded"):
+        run.write_trial(_trial("t1"))
+    trials = {t.trial_id: t for t in RunDir.open(run.path).trials()}
+    assert trials["t1"] == _trial("t1")
+    assert trials["t2"].termination is TerminationReason.SANDBOX_ERROR
+    assert not trials["t2"].trainable and trials["t1"].trainable
+    assert run.trial_ids() == {"t1", "t2"}
+
+
+def test_metrics_and_events_append(tmp_path):
+    run = RunDir.create(tmp_path, "exp", "")
+    run.append_metrics(1, {"reward_mean": 0.25})
+    run.append_event("started", resumed=False)
+    run.sync()
+    assert RunDir.open(run.path).metrics() == [{"step": 1, "reward_mean": 0.25}]
+    assert RunDir.open(run.path).events()[0]["event"] == "started"
+
+
+def test_torn_tail_is_skipped_and_repaired(tmp_path):
+    run = RunDir.create(tmp_path, "exp", "")
+    run.append_metrics(1, {"a": 1})
+    run.close()
+    with (run.path / "metrics.jsonl").open("a") as fh:
+        fh.write('{"step": 2, "a"')  # a writer killed mid-line
+    assert [m["step"] for m in RunDir(run.path).metrics()] == [1]
+    reopened = RunDir.open(run.path)  # repairs the tail
+    reopened.append_metrics(2, {"a": 2})
+    reopened.close()
+    assert [m["step"] for m in RunDir.open(run.path).metrics()] == [1, 2]
+
+
+def test_open_rejects_a_folder_that_is_not_a_run(tmp_path):
+    with pytest.raises(UsageError, match="is not a run directory"):
+        RunDir.open(tmp_path)
+
+
+def test_latest_checkpoint_ignores_incomplete(tmp_path):
+    run = RunDir.create(tmp_path, "exp", "")
+    for step, complete in ((1, True), (2, True), (3, False)):
+        d = run.checkpoint_dir(step)
+        d.mkdir()
+        if complete:
+            (d / "COMPLETE").write_text("")
+    assert run.latest_checkpoint() == run.checkpoint_dir(2)
+
+
+def test_atomic_write_survives_a_kill_mid_write(tmp_path):
+    """A process killed while rewriting a file leaves the old content, never a torn one."""
+    target = tmp_path / "state.json"
+    atomic_write(target, json.dumps({"v": "old"}))
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from pathlib import Path
+        import slr.runs as runs
+        real_fsync = os.fsync
+        def stall(fd):
+            print("writing", flush=True)
+            sys.stdin.read()  # block here until killed, mid-write
+        os.fsync = stall
+        runs.atomic_write(Path({str(target)!r}), "x" * 10_000_000)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "writing"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert json.loads(target.read_text()) == {"v": "old"}
