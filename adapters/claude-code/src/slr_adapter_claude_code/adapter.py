@@ -1,0 +1,103 @@
+"""Claude Code, headless (``claude -p``), pointed at the session's Anthropic endpoint."""
+
+from __future__ import annotations
+
+import shlex
+
+from attrs import frozen
+
+from slr import bundles
+from slr.bundle_recipes import npm_packages
+from slr.config import option
+from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.headless import AGENT_DIR, anthropic_base_url, run_headless
+
+
+@frozen(kw_only=True)
+class ClaudeCodeConfig:
+    version: str = option("2.1.332", doc="Version of the npm package @anthropic-ai/claude-code.")
+    tools: list[str] = option(
+        factory=lambda: ["Bash", "Read", "Write", "Edit"],
+        doc="Built-in tools offered to the model (--tools); empty offers all (~64k characters "
+        "of tool schemas per call).",
+    )
+    max_turns: int = option(0, doc="Most agentic turns (--max-turns); 0 leaves it to Claude Code.")
+    extra_args: list[str] = option(factory=list, doc="More command-line arguments for `claude`.")
+    env: dict[str, str] = option(factory=dict, doc="More environment variables for `claude`.")
+
+
+class ClaudeCode:
+    """Claude Code speaks the Anthropic Messages API (streaming)."""
+
+    protocol = "anthropic"
+
+    def __init__(self, config: ClaudeCodeConfig | None = None) -> None:
+        self.config = config or ClaudeCodeConfig()
+
+    def bundle(self) -> Bundle:
+        version = self.config.version
+        return bundles.ensure(
+            "claude-code",
+            version,
+            lambda step: _build(step, version),
+        )
+
+    def command(self, bundle: Bundle, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        """The command line and environment that run it against ``endpoint``."""
+        c = self.config
+        argv = [
+            str(bundle.path / "node_modules" / ".bin" / "claude"),
+            "-p",
+            "--output-format", "stream-json",
+            "--verbose",
+            "--model", endpoint.model,
+            "--permission-mode", "bypassPermissions",
+        ]  # fmt: skip
+        if c.tools:
+            argv += ["--tools", ",".join(c.tools)]
+        if c.max_turns:
+            argv += ["--max-turns", str(c.max_turns)]
+        argv += c.extra_args
+        # The instruction comes from a file: no quoting or argument-length limits.
+        command = (
+            " ".join(shlex.quote(a) for a in argv)
+            + f' -- "$(cat {AGENT_DIR}/instruction.md)" </dev/null'
+        )
+        env = {
+            "ANTHROPIC_BASE_URL": anthropic_base_url(endpoint.base_url),
+            "ANTHROPIC_API_KEY": endpoint.api_key,
+            # Background calls (titles, summaries) would name Anthropic's models.
+            "ANTHROPIC_SMALL_FAST_MODEL": endpoint.model,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": endpoint.model,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": endpoint.model,
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": endpoint.model,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            # bypassPermissions is refused to root unless it knows it is sandboxed.
+            "IS_SANDBOX": "1",
+            # Its state and session transcripts, kept apart from the task's HOME.
+            "CLAUDE_CONFIG_DIR": f"{AGENT_DIR}/claude",
+            **c.env,
+        }
+        return command, env
+
+    async def run(
+        self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
+    ) -> AgentOutcome:
+        command, env = self.command(self.bundle(), endpoint)
+        return await run_headless(
+            sandbox,
+            command=command,
+            env=env,
+            timeout_s=timeout_s,
+            files={"instruction.md": instruction},
+            logs_from=[f"{AGENT_DIR}/claude/projects"],
+        )
+
+
+def _build(step: bundles.BuildStep, version: str) -> None:
+    npm_packages(step, [f"@anthropic-ai/claude-code@{version}"])
+    # The package's postinstall puts the native binary in place; check that it did.
+    step.run([step.path / "node_modules" / ".bin" / "claude", "--version"])

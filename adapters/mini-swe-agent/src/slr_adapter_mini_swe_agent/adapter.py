@@ -1,0 +1,109 @@
+"""mini-swe-agent, headless (``mini -y --exit-immediately``), its litellm model pointed at
+the session's OpenAI endpoint."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Literal
+
+from attrs import frozen, validators
+
+from slr import bundles
+from slr.bundle_recipes import python_env, python_venv
+from slr.config import option
+from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.headless import AGENT_DIR, openai_base_url, run_headless
+
+# mini's own configs: actions as fenced bash blocks in the text, or as `bash` tool calls.
+_CONFIGS = {
+    "textbased": ("mini_textbased.yaml", "litellm_textbased"),
+    "tool_calls": ("mini.yaml", "litellm"),
+}
+
+
+@frozen(kw_only=True)
+class MiniSweAgentConfig:
+    version: str = option("2.4.6", doc="Version of the PyPI package mini-swe-agent.")
+    action_format: Literal["textbased", "tool_calls"] = option(
+        "textbased",
+        doc="How the model gives its action: one fenced bash block per reply (mini's "
+        "mini_textbased.yaml) or a `bash` tool call (mini.yaml).",
+    )
+    step_limit: int = option(
+        30,
+        doc="Most model calls per trial (agent.step_limit; 0: no limit).",
+        validator=validators.ge(0),
+    )
+    python: str = option("3.12", doc="Python version of the bundle's interpreter.")
+    config_overrides: list[str] = option(
+        factory=list, doc="More `-c key=value` overrides for mini, e.g. 'agent.cost_limit=0'."
+    )
+    env: dict[str, str] = option(factory=dict, doc="More environment variables for mini.")
+
+
+class MiniSweAgent:
+    """mini-swe-agent speaks OpenAI Chat Completions (non-streaming) through litellm."""
+
+    protocol = "openai"
+
+    def __init__(self, config: MiniSweAgentConfig | None = None) -> None:
+        self.config = config or MiniSweAgentConfig()
+
+    def bundle(self) -> Bundle:
+        c = self.config
+        return bundles.ensure(
+            "mini-swe-agent",
+            f"{c.version}-py{c.python}",
+            lambda step: python_venv(step, [f"mini-swe-agent=={c.version}"], version=c.python),
+        )
+
+    def command(self, bundle: Bundle, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        c = self.config
+        config_file, model_class = _CONFIGS[c.action_format]
+        overrides = [
+            f"model.model_class={model_class}",
+            f"model.model_kwargs.api_base={openai_base_url(endpoint.base_url)}",
+            f"model.model_kwargs.api_key={endpoint.api_key}",
+            f"agent.step_limit={c.step_limit}",
+            # litellm prices no local model; cost limits cannot apply
+            "agent.cost_limit=0",
+            *c.config_overrides,
+        ]
+        argv = [str(bundle.path / "venv" / "bin" / "mini"), "-c", config_file]
+        for o in overrides:
+            argv += ["-c", o]
+        argv += [
+            # litellm's provider prefix: an OpenAI-compatible server
+            "--model", f"openai/{endpoint.model}",
+            "--yolo", "--exit-immediately",
+            "--output", f"{AGENT_DIR}/mini/trajectory.json",
+        ]  # fmt: skip
+        command = (
+            " ".join(shlex.quote(a) for a in argv)
+            + f' --task "$(cat {AGENT_DIR}/instruction.md)" </dev/null'
+        )
+        env = {
+            **python_env(bundle.path),
+            "MSWEA_CONFIGURED": "true",  # skip the first-run setup prompt
+            "MSWEA_GLOBAL_CONFIG_DIR": f"{AGENT_DIR}/mini",
+            "MSWEA_COST_TRACKING": "ignore_errors",
+            "MSWEA_SILENT_STARTUP": "1",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            # TERM unset makes rich print plain text into the logs
+            "TERM": "dumb",
+            **c.env,
+        }
+        return command, env
+
+    async def run(
+        self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
+    ) -> AgentOutcome:
+        command, env = self.command(self.bundle(), endpoint)
+        return await run_headless(
+            sandbox,
+            command=command,
+            env=env,
+            timeout_s=timeout_s,
+            files={"instruction.md": instruction},
+            logs_from=[f"{AGENT_DIR}/mini/trajectory.json"],
+        )

@@ -1,0 +1,105 @@
+"""The OpenHands SDK agent, run inside the sandbox on the bundle's Python."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+
+from attrs import frozen, validators
+
+from slr import bundles
+from slr.bundle_recipes import host_tool, python_env, python_venv
+from slr.config import option
+from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.headless import AGENT_DIR, openai_base_url, run_headless
+
+TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
+
+
+@frozen(kw_only=True)
+class OpenHandsConfig:
+    version: str = option(
+        "1.58.2", doc="Version of the PyPI packages openhands-sdk and openhands-tools."
+    )
+    tools: list[str] = option(
+        factory=lambda: ["terminal", "file_editor", "task_tracker"],
+        doc="OpenHands tools offered to the model: terminal, file_editor, task_tracker.",
+    )
+    max_iterations: int = option(
+        30, doc="Most agent steps per trial (max_iteration_per_run).", validator=validators.ge(1)
+    )
+    context_tokens: int = option(8192, doc="Context window OpenHands is told the model has.")
+    output_tokens: int = option(1024, doc="Most tokens per model call.")
+    python: str = option("3.12", doc="Python version of the bundle's interpreter (>= 3.12).")
+    env: dict[str, str] = option(factory=dict, doc="More environment variables for the agent.")
+
+
+class OpenHands:
+    """OpenHands speaks OpenAI Chat Completions (non-streaming, native tool calls) via litellm."""
+
+    protocol = "openai"
+
+    def __init__(self, config: OpenHandsConfig | None = None) -> None:
+        self.config = config or OpenHandsConfig()
+
+    def bundle(self) -> Bundle:
+        c = self.config
+        return bundles.ensure(
+            "openhands", f"{c.version}-py{c.python}", lambda step: _build(step, c)
+        )
+
+    def settings(self, endpoint: Endpoint) -> dict:
+        c = self.config
+        return {
+            "model": f"openai/{endpoint.model}",
+            "base_url": openai_base_url(endpoint.base_url),
+            "tools": list(c.tools),
+            "max_iterations": c.max_iterations,
+            "max_input_tokens": c.context_tokens,
+            "max_output_tokens": c.output_tokens,
+            "persistence_dir": f"{AGENT_DIR}/openhands",
+            "instruction_file": f"{AGENT_DIR}/instruction.md",
+        }
+
+    def command(self, bundle: Bundle, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        python = bundle.path / "venv" / "bin" / "python"
+        command = (
+            f'export PATH="$PATH:{bundle.path}/tools/bin"; mkdir -p {TMUX_TMPDIR} && '
+            f"{python} {AGENT_DIR}/driver.py {AGENT_DIR}/settings.json </dev/null"
+        )
+        env = {
+            **python_env(bundle.path),
+            # The key travels in the environment, not in a file the agent could read back.
+            "SLR_OPENHANDS_API_KEY": endpoint.api_key,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "TMUX_TMPDIR": TMUX_TMPDIR,
+            **self.config.env,
+        }
+        return command, env
+
+    async def run(
+        self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
+    ) -> AgentOutcome:
+        bundle = self.bundle()
+        command, env = self.command(bundle, endpoint)
+        driver = files("slr_adapter_openhands").joinpath("driver.py").read_text()
+        return await run_headless(
+            sandbox,
+            command=command,
+            env=env,
+            timeout_s=timeout_s,
+            files={
+                "instruction.md": instruction,
+                "driver.py": driver,
+                "settings.json": json.dumps(self.settings(endpoint)),
+            },
+            logs_from=[f"{AGENT_DIR}/openhands"],
+            cleanup=f'PATH="$PATH:{bundle.path}/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server',
+        )
+
+
+def _build(step: bundles.BuildStep, c: OpenHandsConfig) -> None:
+    python_venv(
+        step, [f"openhands-sdk=={c.version}", f"openhands-tools=={c.version}"], version=c.python
+    )
+    host_tool(step, "tmux", hint="install tmux on the host (apt-get install tmux)")

@@ -1,0 +1,105 @@
+"""Terminus-2 (harbor's terminal agent), run inside the sandbox on the bundle's Python."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+
+from attrs import frozen, validators
+
+from slr import bundles
+from slr.bundle_recipes import host_tool, python_env, python_venv
+from slr.config import option
+from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.headless import AGENT_DIR, openai_base_url, run_headless
+
+# Its tmux server gets a socket folder of its own, so the adapter can end it afterwards.
+TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
+
+
+@frozen(kw_only=True)
+class TerminusConfig:
+    version: str = option("0.26.0", doc="Version of the PyPI package harbor (ships Terminus-2).")
+    max_turns: int = option(
+        30, doc="Most episodes (model calls) per trial.", validator=validators.ge(1)
+    )
+    context_tokens: int = option(8192, doc="Context window Terminus-2 is told the model has.")
+    output_tokens: int = option(1024, doc="Most tokens per model call.")
+    enable_summarize: bool = option(
+        False, doc="Let Terminus-2 summarise its history when the context fills up."
+    )
+    python: str = option("3.12", doc="Python version of the bundle's interpreter (>= 3.12).")
+    extra_kwargs: dict[str, object] = option(
+        factory=dict, doc="More keyword arguments for harbor's Terminus2(...)."
+    )
+    env: dict[str, str] = option(factory=dict, doc="More environment variables for the agent.")
+
+
+class Terminus:
+    """Terminus-2 speaks OpenAI Chat Completions (non-streaming) through litellm; its
+    actions are JSON keystrokes sent to a tmux session."""
+
+    protocol = "openai"
+
+    def __init__(self, config: TerminusConfig | None = None) -> None:
+        self.config = config or TerminusConfig()
+
+    def bundle(self) -> Bundle:
+        c = self.config
+        return bundles.ensure("terminus", f"{c.version}-py{c.python}", lambda step: _build(step, c))
+
+    def settings(self, endpoint: Endpoint) -> dict:
+        c = self.config
+        return {
+            "model_name": f"openai/{endpoint.model}",
+            "api_base": openai_base_url(endpoint.base_url),
+            "max_turns": c.max_turns,
+            "enable_summarize": c.enable_summarize,
+            "model_info": {
+                "max_input_tokens": c.context_tokens,
+                "max_output_tokens": c.output_tokens,
+                "input_cost_per_token": 0.0,
+                "output_cost_per_token": 0.0,
+            },
+            "logs_dir": f"{AGENT_DIR}/terminus",
+            "instruction_file": f"{AGENT_DIR}/instruction.md",
+            "extra_kwargs": dict(c.extra_kwargs),
+        }
+
+    def command(self, bundle: Bundle, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        python = bundle.path / "venv" / "bin" / "python"
+        command = f"{python} {AGENT_DIR}/driver.py {AGENT_DIR}/settings.json </dev/null"
+        env = {
+            **python_env(bundle.path),
+            "OPENAI_API_KEY": endpoint.api_key,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "TMUX_TMPDIR": TMUX_TMPDIR,
+            **self.config.env,
+        }
+        return command, env
+
+    async def run(
+        self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
+    ) -> AgentOutcome:
+        bundle = self.bundle()
+        command, env = self.command(bundle, endpoint)
+        driver = files("slr_adapter_terminus").joinpath("driver.py").read_text()
+        return await run_headless(
+            sandbox,
+            # the bundle's tmux, unless the image has its own
+            command=f'export PATH="$PATH:{bundle.path}/tools/bin"; mkdir -p {TMUX_TMPDIR} && {command}',
+            env=env,
+            timeout_s=timeout_s,
+            files={
+                "instruction.md": instruction,
+                "driver.py": driver,
+                "settings.json": json.dumps(self.settings(endpoint)),
+            },
+            logs_from=[f"{AGENT_DIR}/terminus"],
+            cleanup=f'PATH="$PATH:{bundle.path}/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server',
+        )
+
+
+def _build(step: bundles.BuildStep, c: TerminusConfig) -> None:
+    python_venv(step, [f"harbor=={c.version}"], version=c.python)
+    host_tool(step, "tmux", hint="install tmux on the host (apt-get install tmux)")

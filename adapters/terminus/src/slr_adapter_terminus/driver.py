@@ -1,0 +1,93 @@
+"""Runs harbor's Terminus-2, unmodified, inside the sandbox it is to work in.
+
+Harbor drives Terminus-2 from outside a container through a ``BaseEnvironment``. Here the
+driver runs inside the sandbox (on the bundle's Python), so its environment is this
+machine: commands run as local subprocesses, files are local copies. Only the members
+Terminus-2 and its tmux session use are provided.
+
+Usage: python driver.py SETTINGS_JSON   (written by the slr adapter)
+"""
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+
+class ThisMachine:
+    """The sandbox itself, in the shape of the harbor environment Terminus-2 talks to."""
+
+    def __init__(self, agent_dir: Path, workdir: str) -> None:
+        self.default_user = None
+        self.session_id = "slr"
+        self.trial_paths = SimpleNamespace(agent_dir=agent_dir)
+        self.workdir = workdir
+
+    async def exec(self, command, cwd=None, env=None, timeout_sec=None, user=None):
+        from harbor.environments.base import ExecResult
+
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-c", command,
+            cwd=cwd or self.workdir,
+            env={**os.environ, **(env or {})},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout_sec)
+        except TimeoutError:
+            proc.kill()
+            out, err = await proc.communicate()
+            return ExecResult(
+                stdout=out.decode(errors="replace"), stderr="timed out", return_code=124
+            )
+        return ExecResult(
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            return_code=proc.returncode,
+        )
+
+    async def is_dir(self, path, user=None):
+        return Path(path).is_dir()
+
+    async def upload_file(self, source_path, target_path):
+        Path(target_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source_path, target_path)
+
+    async def download_file(self, source_path, target_path):
+        Path(target_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source_path, target_path)
+
+
+async def main(settings: dict) -> int:
+    from harbor.agents.terminus_2.terminus_2 import Terminus2
+    from harbor.models.agent.context import AgentContext
+
+    logs = Path(settings["logs_dir"])
+    logs.mkdir(parents=True, exist_ok=True)
+    agent = Terminus2(
+        logs_dir=logs,
+        model_name=settings["model_name"],
+        api_base=settings["api_base"],
+        max_turns=settings["max_turns"],
+        temperature=settings.get("temperature"),
+        enable_summarize=settings["enable_summarize"],
+        record_terminal_session=False,
+        model_info=settings["model_info"],
+        suppress_max_turns_warning=True,
+        **settings.get("extra_kwargs", {}),
+    )
+    machine = ThisMachine(logs, os.getcwd())
+    context = AgentContext()
+    await agent.setup(machine)
+    await agent.run(Path(settings["instruction_file"]).read_text(), machine, context)
+    (logs / "context.json").write_text(context.model_dump_json(indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(json.loads(Path(sys.argv[1]).read_text()))))

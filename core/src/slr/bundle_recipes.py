@@ -1,0 +1,166 @@
+"""Building blocks for bundle recipes (see ``slr.bundles``): node + npm packages, a Python
+interpreter + venv, and host tools (tmux) with their shared libraries.
+
+Everything a bundle needs comes with it, because task images are arbitrary: a Debian image
+with Python 3.11 must still run a scaffold that needs Python 3.12 or Node 20. The host
+and the images are expected to share a C library generation (glibc), as Debian-based task
+images on a Debian host do.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from slr.bundles import BuildStep, BundleError
+
+# Libraries every glibc system has; never copied into a bundle.
+_SYSTEM_LIBS = re.compile(r"^(ld-linux|libc|libm|libdl|libpthread|librt|libresolv)[.-]")
+
+
+def _which(name: str, hint: str) -> Path:
+    found = shutil.which(name)
+    if not found:
+        raise BundleError(f"{name!r} is not on PATH; {hint}")
+    return Path(found).resolve()
+
+
+# -- node + npm ---------------------------------------------------------------------------
+
+
+def npm_packages(step: BuildStep, packages: Sequence[str]) -> None:
+    """``npm install`` exact package specs into the bundle, plus the host's ``node`` binary.
+
+    Layout: ``bin/node`` and ``node_modules/`` (with ``node_modules/.bin``).
+    """
+    node = _which("node", "install Node.js 20 (it runs the npm-based scaffolds)")
+    npm = _which("npm", "install npm (it comes with Node.js)")
+    (step.path / "bin").mkdir()
+    shutil.copy2(node, step.path / "bin" / "node")
+    # A package.json keeps npm from walking up to a parent project.
+    (step.path / "package.json").write_text('{"name": "slr-bundle", "private": true}\n')
+    step.run(
+        [npm, "install", "--prefix", step.path, "--no-audit", "--no-fund", "--omit=dev", *packages],
+        env={"npm_config_update_notifier": "false"},
+    )
+
+
+# -- python -------------------------------------------------------------------------------
+
+
+def find_python(version: str, explicit: str | None = None) -> Path:
+    """A self-contained CPython ``version`` (e.g. ``"3.12"``): its prefix can be copied.
+
+    Looks at ``explicit``, ``$SLR_BUNDLE_PYTHON``, ``python<version>`` on PATH, then pyenv.
+    """
+    candidates: list[str] = []
+    for raw in (explicit, os.environ.get("SLR_BUNDLE_PYTHON")):
+        if raw:
+            candidates.append(raw)
+    if which := shutil.which(f"python{version}"):
+        candidates.append(which)
+    root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
+    candidates += sorted(glob.glob(f"{root}/versions/{version}*/bin/python{version}"), reverse=True)
+    for cand in candidates:
+        prefix = _prefix_of(cand)
+        if prefix is not None and _self_contained(prefix, version):
+            return Path(cand)
+    raise BundleError(
+        f"no self-contained Python {version} found (looked at: {', '.join(candidates) or 'none'}). "
+        f"Install one whose prefix is its own folder (pyenv install {version}, or "
+        f"uv python install {version}) and point SLR_BUNDLE_PYTHON at its python{version}."
+    )
+
+
+def _prefix_of(python: str) -> Path | None:
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sys; print(sys.base_prefix)"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()) if out.returncode == 0 else None
+
+
+def _self_contained(prefix: Path, version: str) -> bool:
+    # A distribution's /usr is not: copying it would copy the whole system.
+    return prefix != Path("/usr") and (prefix / "lib" / f"python{version}" / "os.py").is_file()
+
+
+_PY_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "__pycache__", "site-packages"}
+
+
+def python_venv(
+    step: BuildStep,
+    requirements: Sequence[str],
+    *,
+    version: str = "3.12",
+    python: str | None = None,
+) -> None:
+    """Copy a Python ``version`` interpreter into ``python/``, make ``venv/`` from it, and
+    ``pip install`` ``requirements`` there.
+
+    Run the venv with ``LD_LIBRARY_PATH=<bundle>/python/lib`` (see ``python_env``): a
+    shared-library build finds ``libpython`` there inside sandboxes.
+    """
+    interpreter = find_python(version, python)
+    prefix = _prefix_of(str(interpreter))
+    assert prefix is not None
+    step.report(f"copying Python {version} from {prefix}")
+    shutil.copytree(
+        prefix,
+        step.path / "python",
+        symlinks=True,
+        ignore=lambda d, names: [n for n in names if n in _PY_SKIP and "lib" in d],
+    )
+    (step.path / "python" / "lib" / f"python{version}" / "site-packages").mkdir(exist_ok=True)
+    own = step.path / "python" / "bin" / f"python{version}"
+    env = python_env(step.path)
+    step.run([own, "-m", "venv", step.path / "venv"], env=env)
+    pip = [step.path / "venv" / "bin" / "python", "-m", "pip", "--disable-pip-version-check"]
+    step.run([*pip, "install", "--no-input", "--progress-bar", "off", *requirements], env=env)
+
+
+def python_env(bundle: Path) -> dict[str, str]:
+    """Environment to run a bundle's venv with (the interpreter finds its libpython)."""
+    return {"LD_LIBRARY_PATH": str(bundle / "python" / "lib")}
+
+
+# -- host tools ---------------------------------------------------------------------------
+
+
+def host_tool(step: BuildStep, name: str, *, hint: str) -> Path:
+    """Copy a host binary and its non-system shared libraries into ``tools/``.
+
+    ``tools/bin/<name>`` is a wrapper that finds the copied libraries, so the tool runs in
+    images that lack its packages. Returns the wrapper's path.
+    """
+    binary = _which(name, hint)
+    real = step.path / "tools" / "libexec" / name
+    libdir = step.path / "tools" / "lib" / name
+    real.parent.mkdir(parents=True, exist_ok=True)
+    libdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(binary, real)
+    ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True)
+    for line in ldd.stdout.splitlines():
+        match = re.match(r"\s*(\S+) => (/\S+)", line)
+        if match and not _SYSTEM_LIBS.match(match.group(1)):
+            shutil.copy2(match.group(2), libdir / match.group(1))
+    wrapper = step.path / "tools" / "bin" / name
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    # The libraries are added last, so an image's own copies win when it has them.
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'LD_LIBRARY_PATH="${{LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}}{libdir}" exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    step.report(f"copied {binary} with {len(list(libdir.iterdir()))} libraries")
+    return wrapper

@@ -1,0 +1,163 @@
+"""Agent runtime bundles: built once on the host, mounted read-only into every sandbox.
+
+A bundle is one folder, ``<cache>/bundles/<name>-<version>/``, holding everything a scaffold
+needs to run inside a sandbox whose image knows nothing about it: an npm package with the
+``node`` it runs on, or a Python interpreter with a venv. Sandboxes mount the folder at the
+*same* path inside as outside, so absolute paths baked in at build time (venv shebangs,
+``pyvenv.cfg``) stay valid. Nothing is installed per trial.
+
+Builds are serialised across processes with a file lock; a finished bundle carries a
+``.slr-bundle.json`` marker written last, so a build killed half-way is redone, never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import structlog
+from attrs import frozen
+
+from slr.contracts.agent import Bundle
+from slr.errors import SlrError
+
+log = structlog.get_logger()
+
+MARKER = ".slr-bundle.json"
+
+
+class BundleError(SlrError):
+    """A bundle could not be built; the message names the step, the command and its output."""
+
+
+def cache_dir() -> Path:
+    """``$SLR_CACHE_DIR``, else ``~/.cache/slr``."""
+    raw = os.environ.get("SLR_CACHE_DIR")
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "slr"
+
+
+def bundles_dir() -> Path:
+    return cache_dir() / "bundles"
+
+
+@frozen(kw_only=True)
+class BuildStep:
+    """What a bundle recipe gets to work with: the target folder and a progress reporter."""
+
+    path: Path
+    report: Callable[[str], None]
+
+    def run(self, argv: Sequence[str | Path], *, env: dict[str, str] | None = None) -> None:
+        """Run one build command, its output shown as progress; fail with its tail."""
+        argv = [str(a) for a in argv]
+        self.report("$ " + " ".join(argv))
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line:
+                tail = [*tail[-40:], line]
+                self.report(line)
+        if proc.wait() != 0:
+            raise BundleError(
+                f"building bundle {self.path.name}: `{' '.join(argv)}` exited with "
+                f"{proc.returncode}:\n" + "\n".join(tail)
+            )
+
+
+Recipe = Callable[[BuildStep], None]
+
+
+def _progress() -> tuple[Callable[[str], None], Callable[[], None]]:
+    """A one-line live display on a terminal, plain log lines otherwise."""
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        status = Console(stderr=True).status("")
+        status.start()
+        return (lambda line: status.update(line[:150])), status.stop
+    return (lambda line: print(f"  {line}", file=sys.stderr, flush=True)), (lambda: None)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path, name: str) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process building bundle {name} ...", file=sys.stderr)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def existing(name: str, version: str) -> Bundle | None:
+    """The finished bundle, or None when it has not been built (yet)."""
+    path = bundles_dir() / f"{name}-{version}"
+    if (path / MARKER).is_file():
+        return Bundle(path=path, version=version)
+    return None
+
+
+def ensure(name: str, version: str, recipe: Recipe) -> Bundle:
+    """Return the bundle ``name-version``, building it with ``recipe`` first if needed.
+
+    ``recipe`` fills ``step.path`` (the final folder: venvs are not relocatable). Another
+    process building the same bundle is waited for, not raced.
+    """
+    found = existing(name, version)
+    if found is not None:
+        return found
+    folder = f"{name}-{version}"
+    path = bundles_dir() / folder
+    with _locked(bundles_dir() / f".{folder}.lock", folder):
+        found = existing(name, version)
+        if found is not None:
+            return found
+        if path.exists():
+            shutil.rmtree(path)  # a build that was killed half-way
+        path.mkdir(parents=True)
+        report, stop = _progress()
+        started = time.monotonic()
+        print(f"building bundle {folder} in {path} (once; later runs reuse it)", file=sys.stderr)
+        try:
+            recipe(BuildStep(path=path, report=report))
+        except BaseException:
+            stop()
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        stop()
+        took = time.monotonic() - started
+        (path / MARKER).write_text(
+            json.dumps({"name": name, "version": version, "build_seconds": round(took, 1)})
+        )
+        print(f"built bundle {folder} in {took:.0f}s ({_size_mb(path)} MB)", file=sys.stderr)
+        log.info("bundle built", bundle=folder, seconds=round(took, 1))
+        return Bundle(path=path, version=version)
+
+
+def _size_mb(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_size
+    return total // 2**20

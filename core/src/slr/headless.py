@@ -1,0 +1,110 @@
+"""Running a scaffold headless in a sandbox: its files in, one command, its own logs out.
+
+The agent adapters share this; each supplies only what is its scaffold's own (command line,
+environment, config files, where its logs are).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import structlog
+
+from slr.contracts import AgentOutcome, Sandbox, SandboxError
+
+log = structlog.get_logger()
+
+#: Where adapters put a trial's scaffold files (config, instruction, logs) in the sandbox.
+AGENT_DIR = "/tmp/slr-agent"
+#: The most of one log file kept in the trial record; the rest is cut (the head is kept).
+MAX_LOG_CHARS = 2_000_000
+#: How long past ``timeout_s`` the adapter waits for the sandbox to report the kill.
+KILL_GRACE_S = 30.0
+
+
+async def run_headless(
+    sandbox: Sandbox,
+    *,
+    command: str,
+    env: Mapping[str, str],
+    timeout_s: float,
+    files: Mapping[str, str] | None = None,
+    logs_from: Sequence[str] = (),
+    cleanup: str | None = None,
+) -> AgentOutcome:
+    """Upload ``files`` (relative to ``AGENT_DIR``), run ``command`` under ``timeout_s``,
+    then run ``cleanup`` and gather ``logs_from`` (sandbox files or folders) into the logs.
+
+    The scaffold's failure is reported, never raised: a crash is a non-zero exit code, a hang
+    is ``timed_out``. Only a dead sandbox raises (``SandboxError``).
+    """
+    await _upload_files(sandbox, files or {})
+    try:
+        result = await asyncio.wait_for(
+            sandbox.exec(command, timeout_s=timeout_s, env=dict(env)),
+            timeout=timeout_s + KILL_GRACE_S,
+        )
+        exit_code, timed_out = result.exit_code, result.timed_out
+        logs = {"stdout": _cut(result.stdout), "stderr": _cut(result.stderr)}
+    except TimeoutError:
+        # The backend did not come back from killing it; the agent still ran out of time.
+        exit_code, timed_out, logs = None, True, {}
+    if cleanup:
+        with contextlib.suppress(SandboxError, TimeoutError):
+            await sandbox.exec(cleanup, timeout_s=30)
+    logs.update(await collect_logs(sandbox, logs_from))
+    return AgentOutcome(exit_code=None if timed_out else exit_code, timed_out=timed_out, logs=logs)
+
+
+async def _upload_files(sandbox: Sandbox, files: Mapping[str, str]) -> None:
+    with tempfile.TemporaryDirectory(prefix="slr-agent-") as tmp:
+        root = Path(tmp) / "agent"
+        root.mkdir()
+        for rel, text in files.items():
+            target = root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        await sandbox.exec(f"rm -rf {AGENT_DIR}", timeout_s=30)
+        await sandbox.upload(root, AGENT_DIR)
+
+
+async def collect_logs(sandbox: Sandbox, paths: Sequence[str]) -> dict[str, str]:
+    """Text of every file under ``paths`` in the sandbox, keyed by its path there."""
+    out: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="slr-logs-") as tmp:
+        for i, src in enumerate(paths):
+            probe = await sandbox.exec(f"test -e {src}", timeout_s=30)
+            if probe.exit_code != 0:
+                continue
+            dest = Path(tmp) / str(i)
+            try:
+                await sandbox.download(src, dest)
+            except (SandboxError, OSError) as exc:
+                log.warning("could not collect agent logs", path=src, error=str(exc))
+                continue
+            files = [dest] if dest.is_file() else sorted(p for p in dest.rglob("*") if p.is_file())
+            for f in files:
+                key = src if f == dest else f"{src.rstrip('/')}/{f.relative_to(dest)}"
+                out[key] = _cut(f.read_bytes().decode("utf-8", errors="replace"))
+    return out
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_LOG_CHARS:
+        return text
+    return text[:MAX_LOG_CHARS] + f"\n[... {len(text) - MAX_LOG_CHARS} more characters cut]"
+
+
+def openai_base_url(base_url: str) -> str:
+    """The base URL an OpenAI client wants: it ends in ``/v1``."""
+    url = base_url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def anthropic_base_url(base_url: str) -> str:
+    """The base URL an Anthropic client wants: the root it appends ``/v1/messages`` to."""
+    return base_url.rstrip("/").removesuffix("/v1")

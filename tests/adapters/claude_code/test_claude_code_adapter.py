@@ -1,0 +1,40 @@
+"""Claude Code, the real binary, through the adapter conformance suite."""
+
+from __future__ import annotations
+
+import pytest
+from slr_adapter_claude_code.adapter import ClaudeCode, ClaudeCodeConfig
+
+from slr.contracts import Bundle, Endpoint
+from slr.testing import AgentAdapterTests
+from slr.testing.scripted_policy import Reply, ToolCall
+
+
+class TestClaudeCode(AgentAdapterTests):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def adapter(cls):
+        return ClaudeCode()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def hello_script(cls):
+        return [
+            Reply(tool_calls=[ToolCall(name="Bash", arguments={
+                "command": "printf 'hello\\n' > hello.txt", "description": "write hello.txt"})]),
+            Reply(text="Created hello.txt."),
+        ]  # fmt: skip
+
+
+def test_command_points_claude_at_the_endpoint():
+    adapter = ClaudeCode(ClaudeCodeConfig(max_turns=3, extra_args=["--debug"]))
+    bundle = Bundle(path=__import__("pathlib").Path("/b"), version="x")
+    command, env = adapter.command(
+        bundle, Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    )
+    assert command.startswith("/b/node_modules/.bin/claude -p --output-format stream-json")
+    assert "--model m" in command and "--max-turns 3" in command and "--debug" in command
+    assert "--tools Bash,Read,Write,Edit" in command
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9"
+    assert env["ANTHROPIC_API_KEY"] == "k"
+    assert env["IS_SANDBOX"] == "1" and env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"

@@ -1,0 +1,44 @@
+"""Terminus-2 (harbor), the real package, through the adapter conformance suite."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from slr_adapter_terminus.adapter import Terminus
+
+from slr.contracts import Endpoint
+from slr.testing import AgentAdapterTests
+from slr.testing.scripted_policy import Reply
+
+
+def terminus_json(commands, complete):
+    return json.dumps({
+        "analysis": "The directory is empty.", "plan": "Write hello.txt.",
+        "commands": [{"keystrokes": k, "duration": 0.5} for k in commands],
+        "task_complete": complete,
+    })  # fmt: skip
+
+
+class TestTerminus(AgentAdapterTests):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def adapter(cls):
+        return Terminus()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def hello_script(cls):
+        # Terminus-2 asks for a confirmation after the first task_complete.
+        return [
+            Reply(text=terminus_json(["printf 'hello\\n' > hello.txt\n"], True)),
+            Reply(text=terminus_json([], True)),
+        ]
+
+
+def test_settings_point_litellm_at_the_endpoint():
+    endpoint = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    settings = Terminus().settings(endpoint)
+    assert settings["model_name"] == "openai/m"
+    assert settings["api_base"] == "http://127.0.0.1:9/v1"
+    assert settings["model_info"]["max_input_tokens"] == 8192
