@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
-from slr import __version__
+from slr import __version__, log
 from slr.errors import SlrError
 from slr.plugins import get_plugin_manager
 from slr_cli import config_cmd, new_cmd, plugins_cmd, run_cmd, status_cmd
@@ -33,6 +34,7 @@ cli.add_command(status_cmd.status)
 
 
 def main() -> None:
+    log.configure(level=os.environ.get("SLR_LOG_LEVEL", "info"))
     try:
         get_plugin_manager().hook.register_commands(cli=cli)
         cli.main(standalone_mode=False)
