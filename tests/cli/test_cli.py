@@ -100,3 +100,27 @@ def test_adapter_from_template_is_found_through_real_entry_points(tmp_path):
         capture_output=True, text=True, env={**os.environ, **env}, timeout=300,
     )  # fmt: skip
     assert test.returncode == 0, test.stdout + test.stderr
+
+
+def test_status_reads_the_run_directory(tmp_path):
+    from slr.contracts import Reward, TrialResult
+    from slr.runs import RunDir
+
+    run = RunDir.create(tmp_path, "exp", "")
+    run.write_trial(
+        TrialResult(trial_id="a", task_id="t", termination="completed", reward=Reward(value=1.0))
+    )
+    run.write_trial(
+        TrialResult(trial_id="b", task_id="t", termination="completed", reward=Reward(value=0.0))
+    )
+    run.write_trial(TrialResult(trial_id="c", task_id="t", termination="sandbox_error"))
+    run.append_metrics(1, {"reward_mean": 0.5})
+    run.close()
+    res = slr("status", str(run.path), "--json")
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert info["steps_done"] == 1 and info["trials"] == 3
+    assert info["terminations"] == {"completed": 2, "sandbox_error": 1}
+    assert info["reward_mean"] == 0.5  # the sandbox_error trial is not scored
+    bad = slr("status", str(tmp_path))
+    assert bad.returncode == 2 and "is not a run directory" in bad.stderr

@@ -12,6 +12,7 @@ from slr import hookimpl
 from slr.config import CORE_SECTIONS, PluginChoice, load_config, option, parse_set
 from slr.config.docs import render_reference
 from slr.errors import ConfigError, UnknownPluginError
+from slr.plugins import PluginManager
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,9 +50,12 @@ class Defaults:
 
 
 @pytest.fixture
-def plugins(slr_plugins):
-    slr_plugins.register(Defaults(), name="defaults", distribution="slr-defaults")
-    return slr_plugins.manager
+def plugins():
+    # Only the test's own plugins: installed ones (slr-backend-local, ...) register the
+    # same default names and would clash with these.
+    manager = PluginManager(load_entry_points=False)
+    manager.register_plugin(Defaults(), name="defaults", distribution="slr-defaults", version="t")
+    return manager
 
 
 def test_defaults_resolve(plugins):

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
-from slr import __version__
+from slr import __version__, log
 from slr.errors import SlrError
 from slr.plugins import get_plugin_manager
-from slr_cli import config_cmd, new_cmd, plugins_cmd, run_cmd
+from slr_cli import config_cmd, new_cmd, plugins_cmd, run_cmd, status_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,9 +30,11 @@ cli.add_command(run_cmd.run)
 cli.add_command(plugins_cmd.plugins)
 cli.add_command(config_cmd.config)
 cli.add_command(new_cmd.new)
+cli.add_command(status_cmd.status)
 
 
 def main() -> None:
+    log.configure(level=os.environ.get("SLR_LOG_LEVEL", "info"))
     try:
         get_plugin_manager().hook.register_commands(cli=cli)
         cli.main(standalone_mode=False)
