@@ -1,7 +1,8 @@
-"""Building blocks for bundle recipes (see ``slr.bundles``): node + npm packages, a Python
-interpreter + venv, and host tools (tmux) with their shared libraries.
+"""Building blocks for bundle recipes (see ``slr.bundles``): npm packages, a Python
+interpreter with packages, and host tools (tmux) with their shared libraries.
 
-Everything a bundle needs comes with it, because task images are arbitrary: a Debian image
+Bundles are relocatable: nothing in them names the folder they were built in, so a backend
+may mount them at any path. Everything a bundle needs comes with it, because task images are arbitrary: a Debian image
 with Python 3.11 must still run a scaffold that needs Python 3.12 or Node 20. The host
 and the images are expected to share a C library generation (glibc), as Debian-based task
 images on a Debian host do.
@@ -33,15 +34,14 @@ def _which(name: str, hint: str) -> Path:
 # -- node + npm ---------------------------------------------------------------------------
 
 
-def npm_packages(step: BuildStep, packages: Sequence[str]) -> None:
-    """``npm install`` exact package specs into the bundle, plus the host's ``node`` binary.
-
-    Layout: ``bin/node`` and ``node_modules/`` (with ``node_modules/.bin``).
-    """
-    node = _which("node", "install Node.js 20 (it runs the npm-based scaffolds)")
-    npm = _which("npm", "install npm (it comes with Node.js)")
-    (step.path / "bin").mkdir()
-    shutil.copy2(node, step.path / "bin" / "node")
+def npm_packages(step: BuildStep, packages: Sequence[str], *, with_node: bool = False) -> None:
+    """``npm install`` exact package specs into the bundle (``node_modules/``, with
+    ``node_modules/.bin``), plus the host's ``node`` as ``bin/node`` when the package runs
+    on node rather than shipping a native binary."""
+    npm = _which("npm", "install npm (it comes with Node.js 20)")
+    if with_node:
+        (step.path / "bin").mkdir()
+        shutil.copy2(_which("node", "install Node.js 20"), step.path / "bin" / "node")
     # A package.json keeps npm from walking up to a parent project.
     (step.path / "package.json").write_text('{"name": "slr-bundle", "private": true}\n')
     step.run(
@@ -98,18 +98,19 @@ def _self_contained(prefix: Path, version: str) -> bool:
 _PY_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "__pycache__", "site-packages"}
 
 
-def python_venv(
+def python_packages(
     step: BuildStep,
     requirements: Sequence[str],
     *,
     version: str = "3.12",
     python: str | None = None,
 ) -> None:
-    """Copy a Python ``version`` interpreter into ``python/``, make ``venv/`` from it, and
-    ``pip install`` ``requirements`` there.
+    """Copy a Python ``version`` interpreter into ``python/`` and ``pip install``
+    ``requirements`` into it.
 
-    Run the venv with ``LD_LIBRARY_PATH=<bundle>/python/lib`` (see ``python_env``): a
-    shared-library build finds ``libpython`` there inside sandboxes.
+    No venv on purpose: a venv records absolute paths, while a copied CPython finds its
+    prefix from where its executable lies, so the bundle works wherever a backend mounts it.
+    Run it as ``<bundle>/python/bin/python<version> -m <module>`` with ``python_env``.
     """
     interpreter = find_python(version, python)
     prefix = _prefix_of(str(interpreter))
@@ -123,15 +124,21 @@ def python_venv(
     )
     (step.path / "python" / "lib" / f"python{version}" / "site-packages").mkdir(exist_ok=True)
     own = step.path / "python" / "bin" / f"python{version}"
-    env = python_env(step.path)
-    step.run([own, "-m", "venv", step.path / "venv"], env=env)
-    pip = [step.path / "venv" / "bin" / "python", "-m", "pip", "--disable-pip-version-check"]
-    step.run([*pip, "install", "--no-input", "--progress-bar", "off", *requirements], env=env)
+    env = {**python_env(step.path), "PYTHONNOUSERSITE": "1"}
+    step.run([own, "-m", "ensurepip", "--default-pip"], env=env)
+    pip = [own, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    step.run([*pip, "install", "--progress-bar", "off", *requirements], env=env)
 
 
-def python_env(bundle: Path) -> dict[str, str]:
-    """Environment to run a bundle's venv with (the interpreter finds its libpython)."""
-    return {"LD_LIBRARY_PATH": str(bundle / "python" / "lib")}
+def python_bin(bundle_root: str, version: str = "3.12") -> str:
+    """The bundle's interpreter, as seen from wherever the bundle is mounted."""
+    return f"{bundle_root}/python/bin/python{version}"
+
+
+def python_env(bundle_root: Path | str) -> dict[str, str]:
+    """Environment to run the bundle's interpreter with: a shared-library CPython finds its
+    ``libpython`` there in sandboxes, and the user's site-packages stay out."""
+    return {"LD_LIBRARY_PATH": f"{bundle_root}/python/lib", "PYTHONNOUSERSITE": "1"}
 
 
 # -- host tools ---------------------------------------------------------------------------
@@ -156,10 +163,13 @@ def host_tool(step: BuildStep, name: str, *, hint: str) -> Path:
             shutil.copy2(match.group(2), libdir / match.group(1))
     wrapper = step.path / "tools" / "bin" / name
     wrapper.parent.mkdir(parents=True, exist_ok=True)
-    # The libraries are added last, so an image's own copies win when it has them.
+    # Paths relative to the wrapper: the bundle may be mounted anywhere. The libraries come
+    # last, so an image's own copies win when it has them.
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'LD_LIBRARY_PATH="${{LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}}{libdir}" exec {real} "$@"\n'
+        'tools=$(cd "$(dirname "$0")/.." && pwd)\n'
+        f'LD_LIBRARY_PATH="${{LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}}$tools/lib/{name}" '
+        f'exec "$tools/libexec/{name}" "$@"\n'
     )
     wrapper.chmod(0o755)
     step.report(f"copied {binary} with {len(list(libdir.iterdir()))} libraries")

@@ -1,13 +1,15 @@
 """Agent runtime bundles: built once on the host, mounted read-only into every sandbox.
 
 A bundle is one folder, ``<cache>/bundles/<name>-<version>/``, holding everything a scaffold
-needs to run inside a sandbox whose image knows nothing about it: an npm package with the
-``node`` it runs on, or a Python interpreter with a venv. Sandboxes mount the folder at the
-*same* path inside as outside, so absolute paths baked in at build time (venv shebangs,
-``pyvenv.cfg``) stay valid. Nothing is installed per trial.
+needs to run inside a sandbox whose image knows nothing about it: an npm package (with the
+``node`` it runs on, when it needs one), or a Python interpreter with the scaffold's
+packages installed into it. Bundles are relocatable (no venv, no absolute paths), so the
+trial runner may mount them read-only at any path; an adapter asks ``bundle_root`` where.
+Nothing is installed per trial.
 
-Builds are serialised across processes with a file lock; a finished bundle carries a
-``.slr-bundle.json`` marker written last, so a build killed half-way is redone, never used.
+Builds are serialised across processes with a file lock, happen in a temporary folder
+beside the final one and are renamed into place when complete, with a ``.slr-bundle.json``
+marker: a build killed half-way is redone, never used.
 """
 
 from __future__ import annotations
@@ -120,8 +122,8 @@ def existing(name: str, version: str) -> Bundle | None:
 def ensure(name: str, version: str, recipe: Recipe) -> Bundle:
     """Return the bundle ``name-version``, building it with ``recipe`` first if needed.
 
-    ``recipe`` fills ``step.path`` (the final folder: venvs are not relocatable). Another
-    process building the same bundle is waited for, not raced.
+    ``recipe`` fills ``step.path`` (a temporary folder, renamed when the recipe is done).
+    Another process building the same bundle is waited for, not raced.
     """
     found = existing(name, version)
     if found is not None:
@@ -132,32 +134,38 @@ def ensure(name: str, version: str, recipe: Recipe) -> Bundle:
         found = existing(name, version)
         if found is not None:
             return found
-        if path.exists():
-            shutil.rmtree(path)  # a build that was killed half-way
-        path.mkdir(parents=True)
+        building = path.with_name(f".{folder}.building")
+        for stale in (path, building):  # a build that was killed half-way
+            if stale.exists():
+                shutil.rmtree(stale)
+        building.mkdir(parents=True)
         report, stop = _progress()
         started = time.monotonic()
         print(f"building bundle {folder} in {path} (once; later runs reuse it)", file=sys.stderr)
         try:
-            recipe(BuildStep(path=path, report=report))
+            recipe(BuildStep(path=building, report=report))
         except BaseException:
             stop()
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(building, ignore_errors=True)
             raise
         stop()
         took = time.monotonic() - started
-        (path / MARKER).write_text(
+        (building / MARKER).write_text(
             json.dumps({"name": name, "version": version, "build_seconds": round(took, 1)})
         )
+        building.rename(path)
         print(f"built bundle {folder} in {took:.0f}s ({_size_mb(path)} MB)", file=sys.stderr)
         log.info("bundle built", bundle=folder, seconds=round(took, 1))
         return Bundle(path=path, version=version)
 
 
 def _size_mb(path: Path) -> int:
-    total = 0
+    total, seen = 0, set()
     for root, _dirs, files in os.walk(path):
         for f in files:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, f)).st_size
+                st = os.lstat(os.path.join(root, f))
+                if (st.st_dev, st.st_ino) not in seen:  # npm hard-links native binaries
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
     return total // 2**20

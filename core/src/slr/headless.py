@@ -14,7 +14,8 @@ from pathlib import Path
 
 import structlog
 
-from slr.contracts import AgentOutcome, Sandbox, SandboxError
+from slr.bundles import MARKER
+from slr.contracts import AgentOutcome, Bundle, Sandbox, SandboxError
 
 log = structlog.get_logger()
 
@@ -108,3 +109,15 @@ def openai_base_url(base_url: str) -> str:
 def anthropic_base_url(base_url: str) -> str:
     """The base URL an Anthropic client wants: the root it appends ``/v1/messages`` to."""
     return base_url.rstrip("/").removesuffix("/v1")
+
+
+async def bundle_root(sandbox: Sandbox, bundle: Bundle) -> str:
+    """Where ``bundle`` is mounted in ``sandbox``: the trial runner's mount point
+    (``slr.trial.BUNDLE_MOUNT``) when it holds this bundle, else the host path (sandboxes
+    that mount bundles at the same path, or share the host's filesystem)."""
+    from slr.trial import BUNDLE_MOUNT
+
+    probe = await sandbox.exec(f"cat {BUNDLE_MOUNT}/{MARKER}", timeout_s=30)
+    if probe.exit_code == 0 and f'"version": "{bundle.version}"' in probe.stdout:
+        return BUNDLE_MOUNT
+    return str(bundle.path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from slr_adapter_claude_code.adapter import ClaudeCode, ClaudeCodeConfig
 
-from slr.contracts import Bundle, Endpoint
+from slr.contracts import Endpoint
 from slr.testing import AgentAdapterTests
 from slr.testing.scripted_policy import Reply, ToolCall
 
@@ -28,9 +28,8 @@ class TestClaudeCode(AgentAdapterTests):
 
 def test_command_points_claude_at_the_endpoint():
     adapter = ClaudeCode(ClaudeCodeConfig(max_turns=3, extra_args=["--debug"]))
-    bundle = Bundle(path=__import__("pathlib").Path("/b"), version="x")
     command, env = adapter.command(
-        bundle, Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+        "/b", Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
     )
     assert command.startswith("/b/node_modules/.bin/claude -p --output-format stream-json")
     assert "--model m" in command and "--max-turns 3" in command and "--debug" in command

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from slr_adapter_mini_swe_agent.adapter import MiniSweAgent, MiniSweAgentConfig
 
-from slr.contracts import Bundle, Endpoint
+from slr.contracts import Endpoint
 from slr.testing import AgentAdapterTests
 from slr.testing.scripted_policy import Reply
 
@@ -30,8 +28,10 @@ class TestMiniSweAgent(AgentAdapterTests):
 def test_command_points_litellm_at_the_endpoint():
     adapter = MiniSweAgent(MiniSweAgentConfig(step_limit=7))
     endpoint = Endpoint(base_url="http://127.0.0.1:9", api_key="k", model="m")
-    command, env = adapter.command(Bundle(path=Path("/b"), version="x"), endpoint)
-    assert command.startswith("/b/venv/bin/mini -c mini_textbased.yaml")
+    command, env = adapter.command("/b", endpoint)
+    assert command.startswith(
+        "/b/python/bin/python3.12 -m minisweagent.run.mini -c mini_textbased.yaml"
+    )
     for part in ("model.model_kwargs.api_base=http://127.0.0.1:9/v1", "model.model_kwargs.api_key=k",
                  "agent.step_limit=7", "--model openai/m", "--yolo", "--exit-immediately"):  # fmt: skip
         assert part in command

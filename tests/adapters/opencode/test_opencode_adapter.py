@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from slr_adapter_opencode.adapter import OpenCode
 
-from slr.contracts import Bundle, Endpoint
+from slr.contracts import Endpoint
 from slr.testing import AgentAdapterTests
 from slr.testing.scripted_policy import Reply, ToolCall
 
@@ -32,7 +31,7 @@ class TestOpenCode(AgentAdapterTests):
 def test_config_makes_the_session_the_only_provider():
     adapter = OpenCode()
     endpoint = Endpoint(base_url="http://127.0.0.1:9", api_key="k", model="m")
-    command, env = adapter.command(Bundle(path=Path("/b"), version="x"), endpoint)
+    command, env = adapter.command("/b", endpoint)
     assert command.startswith("/b/node_modules/.bin/opencode run --format json --title slr")
     config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
     provider = config["provider"]["slr"]

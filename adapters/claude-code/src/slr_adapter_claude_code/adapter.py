@@ -10,7 +10,7 @@ from slr import bundles
 from slr.bundle_recipes import npm_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, anthropic_base_url, run_headless
+from slr.headless import AGENT_DIR, anthropic_base_url, bundle_root, run_headless
 
 
 @frozen(kw_only=True)
@@ -42,11 +42,12 @@ class ClaudeCode:
             lambda step: _build(step, version),
         )
 
-    def command(self, bundle: Bundle, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
-        """The command line and environment that run it against ``endpoint``."""
+    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        """The command line and environment that run it against ``endpoint``, with the
+        bundle at ``root`` in the sandbox."""
         c = self.config
         argv = [
-            str(bundle.path / "node_modules" / ".bin" / "claude"),
+            f"{root}/node_modules/.bin/claude",
             "-p",
             "--output-format", "stream-json",
             "--verbose",
@@ -86,7 +87,7 @@ class ClaudeCode:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        command, env = self.command(self.bundle(), endpoint)
+        command, env = self.command(await bundle_root(sandbox, self.bundle()), endpoint)
         return await run_headless(
             sandbox,
             command=command,

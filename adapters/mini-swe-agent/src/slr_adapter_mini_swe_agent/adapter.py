@@ -9,10 +9,10 @@ from typing import Literal
 from attrs import frozen, validators
 
 from slr import bundles
-from slr.bundle_recipes import python_env, python_venv
+from slr.bundle_recipes import python_bin, python_env, python_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, openai_base_url, run_headless
+from slr.headless import AGENT_DIR, bundle_root, openai_base_url, run_headless
 
 # mini's own configs: actions as fenced bash blocks in the text, or as `bash` tool calls.
 _CONFIGS = {
@@ -54,10 +54,11 @@ class MiniSweAgent:
         return bundles.ensure(
             "mini-swe-agent",
             f"{c.version}-py{c.python}",
-            lambda step: python_venv(step, [f"mini-swe-agent=={c.version}"], version=c.python),
+            lambda step: python_packages(step, [f"mini-swe-agent=={c.version}"], version=c.python),
         )
 
-    def command(self, bundle: Bundle, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        """The command line and environment, with the bundle at ``root`` in the sandbox."""
         c = self.config
         config_file, model_class = _CONFIGS[c.action_format]
         overrides = [
@@ -69,7 +70,8 @@ class MiniSweAgent:
             "agent.cost_limit=0",
             *c.config_overrides,
         ]
-        argv = [str(bundle.path / "venv" / "bin" / "mini"), "-c", config_file]
+        # mini's own CLI, run as a module: console scripts would name the build folder
+        argv = [python_bin(root, c.python), "-m", "minisweagent.run.mini", "-c", config_file]
         for o in overrides:
             argv += ["-c", o]
         argv += [
@@ -83,7 +85,7 @@ class MiniSweAgent:
             + f' --task "$(cat {AGENT_DIR}/instruction.md)" </dev/null'
         )
         env = {
-            **python_env(bundle.path),
+            **python_env(root),
             "MSWEA_CONFIGURED": "true",  # skip the first-run setup prompt
             "MSWEA_GLOBAL_CONFIG_DIR": f"{AGENT_DIR}/mini",
             "MSWEA_COST_TRACKING": "ignore_errors",
@@ -98,7 +100,7 @@ class MiniSweAgent:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        command, env = self.command(self.bundle(), endpoint)
+        command, env = self.command(await bundle_root(sandbox, self.bundle()), endpoint)
         return await run_headless(
             sandbox,
             command=command,

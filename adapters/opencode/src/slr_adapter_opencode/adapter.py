@@ -11,7 +11,7 @@ from slr import bundles
 from slr.bundle_recipes import npm_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, openai_base_url, run_headless
+from slr.headless import AGENT_DIR, bundle_root, openai_base_url, run_headless
 
 PROVIDER = "slr"
 
@@ -73,10 +73,11 @@ class OpenCode:
             "tools": dict(c.tools),
         }
 
-    def command(self, bundle: Bundle, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        """The command line and environment, with the bundle at ``root`` in the sandbox."""
         c = self.config
         argv = [
-            str(bundle.path / "node_modules" / ".bin" / "opencode"),
+            f"{root}/node_modules/.bin/opencode",
             "run",
             "--format", "json",
             # Without a title OpenCode spends a model call on naming the session.
@@ -108,7 +109,7 @@ class OpenCode:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        command, env = self.command(self.bundle(), endpoint)
+        command, env = self.command(await bundle_root(sandbox, self.bundle()), endpoint)
         return await run_headless(
             sandbox,
             command=command,

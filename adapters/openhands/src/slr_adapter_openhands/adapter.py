@@ -8,10 +8,10 @@ from importlib.resources import files
 from attrs import frozen, validators
 
 from slr import bundles
-from slr.bundle_recipes import host_tool, python_env, python_venv
+from slr.bundle_recipes import host_tool, python_bin, python_env, python_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, openai_base_url, run_headless
+from slr.headless import AGENT_DIR, bundle_root, openai_base_url, run_headless
 
 TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
 
@@ -61,14 +61,15 @@ class OpenHands:
             "instruction_file": f"{AGENT_DIR}/instruction.md",
         }
 
-    def command(self, bundle: Bundle, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
-        python = bundle.path / "venv" / "bin" / "python"
+    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        """The command line and environment, with the bundle at ``root`` in the sandbox."""
+        python = python_bin(root, self.config.python)
         command = (
-            f'export PATH="$PATH:{bundle.path}/tools/bin"; mkdir -p {TMUX_TMPDIR} && '
+            f'export PATH="$PATH:{root}/tools/bin"; mkdir -p {TMUX_TMPDIR} && '
             f"{python} {AGENT_DIR}/driver.py {AGENT_DIR}/settings.json </dev/null"
         )
         env = {
-            **python_env(bundle.path),
+            **python_env(root),
             # The key travels in the environment, not in a file the agent could read back.
             "SLR_OPENHANDS_API_KEY": endpoint.api_key,
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -80,8 +81,8 @@ class OpenHands:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        bundle = self.bundle()
-        command, env = self.command(bundle, endpoint)
+        root = await bundle_root(sandbox, self.bundle())
+        command, env = self.command(root, endpoint)
         driver = files("slr_adapter_openhands").joinpath("driver.py").read_text()
         return await run_headless(
             sandbox,
@@ -94,12 +95,12 @@ class OpenHands:
                 "settings.json": json.dumps(self.settings(endpoint)),
             },
             logs_from=[f"{AGENT_DIR}/openhands"],
-            cleanup=f'PATH="$PATH:{bundle.path}/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server',
+            cleanup=f'PATH="$PATH:{root}/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server',
         )
 
 
 def _build(step: bundles.BuildStep, c: OpenHandsConfig) -> None:
-    python_venv(
+    python_packages(
         step, [f"openhands-sdk=={c.version}", f"openhands-tools=={c.version}"], version=c.python
     )
     host_tool(step, "tmux", hint="install tmux on the host (apt-get install tmux)")

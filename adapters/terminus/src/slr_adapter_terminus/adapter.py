@@ -8,10 +8,10 @@ from importlib.resources import files
 from attrs import frozen, validators
 
 from slr import bundles
-from slr.bundle_recipes import host_tool, python_env, python_venv
+from slr.bundle_recipes import host_tool, python_bin, python_env, python_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, openai_base_url, run_headless
+from slr.headless import AGENT_DIR, bundle_root, openai_base_url, run_headless
 
 # Its tmux server gets a socket folder of its own, so the adapter can end it afterwards.
 TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
@@ -66,11 +66,12 @@ class Terminus:
             "extra_kwargs": dict(c.extra_kwargs),
         }
 
-    def command(self, bundle: Bundle, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
-        python = bundle.path / "venv" / "bin" / "python"
+    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        """The command line and environment, with the bundle at ``root`` in the sandbox."""
+        python = python_bin(root, self.config.python)
         command = f"{python} {AGENT_DIR}/driver.py {AGENT_DIR}/settings.json </dev/null"
         env = {
-            **python_env(bundle.path),
+            **python_env(root),
             "OPENAI_API_KEY": endpoint.api_key,
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "TMUX_TMPDIR": TMUX_TMPDIR,
@@ -81,13 +82,13 @@ class Terminus:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        bundle = self.bundle()
-        command, env = self.command(bundle, endpoint)
+        root = await bundle_root(sandbox, self.bundle())
+        command, env = self.command(root, endpoint)
         driver = files("slr_adapter_terminus").joinpath("driver.py").read_text()
         return await run_headless(
             sandbox,
             # the bundle's tmux, unless the image has its own
-            command=f'export PATH="$PATH:{bundle.path}/tools/bin"; mkdir -p {TMUX_TMPDIR} && {command}',
+            command=f'export PATH="$PATH:{root}/tools/bin"; mkdir -p {TMUX_TMPDIR} && {command}',
             env=env,
             timeout_s=timeout_s,
             files={
@@ -96,10 +97,10 @@ class Terminus:
                 "settings.json": json.dumps(self.settings(endpoint)),
             },
             logs_from=[f"{AGENT_DIR}/terminus"],
-            cleanup=f'PATH="$PATH:{bundle.path}/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server',
+            cleanup=f'PATH="$PATH:{root}/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server',
         )
 
 
 def _build(step: bundles.BuildStep, c: TerminusConfig) -> None:
-    python_venv(step, [f"harbor=={c.version}"], version=c.python)
+    python_packages(step, [f"harbor=={c.version}"], version=c.python)
     host_tool(step, "tmux", hint="install tmux on the host (apt-get install tmux)")

@@ -29,7 +29,7 @@ from slr.contracts import (
     SandboxError,
     TerminationReason,
 )
-from slr.headless import KILL_GRACE_S
+from slr.headless import KILL_GRACE_S, bundle_root
 from slr.plugins import get_plugin_manager
 from slr.testing.sandbox_probes import (
     HTTP_PROBE,
@@ -423,7 +423,8 @@ async def _agent_run(adapter, sandbox_factory, stub, timeout_s: float) -> AgentR
         took = time.monotonic() - started
         hello = await sandbox.exec("cat hello.txt")
         # every scaffold process runs from the bundle; none may outlive the run
-        left = await sandbox.exec(_LEFTOVERS, env={"SLR_BUNDLE": str(bundle.path)})
+        root = await bundle_root(sandbox, bundle)
+        left = await sandbox.exec(_LEFTOVERS, env={"SLR_BUNDLE": root})
         return AgentRun(
             outcome=outcome,
             requests=list(stub.requests),
@@ -436,11 +437,14 @@ async def _agent_run(adapter, sandbox_factory, stub, timeout_s: float) -> AgentR
         await sandbox.stop()
 
 
-# Scans /proc (images may lack ps). The path comes through the environment so that this
-# shell's own command line does not match it.
+# Scans /proc (images may lack ps). The bundle path comes through the environment, and a
+# process whose command line holds this probe (itself, or a launcher that carries it) is
+# skipped: only scaffold processes match.
 _LEFTOVERS = (
+    ": slr-leftover-probe; "
     "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null) || continue; "
-    'case "$c" in *"$SLR_BUNDLE"*) echo "${p#/proc/} $c";; esac; done; true'
+    'case "$c" in *slr-leftover-probe*) ;; *"$SLR_BUNDLE"*) echo "${p#/proc/} $c";; esac; '
+    "done; true"
 )
 
 

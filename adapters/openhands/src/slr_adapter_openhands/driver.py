@@ -1,0 +1,52 @@
+"""Runs an OpenHands SDK agent, unmodified, inside the sandbox it is to work in.
+
+This is the SDK's documented headless use (LLM -> Agent with tools -> Conversation on a
+local workspace -> send_message -> run), with its settings from a file written by the slr
+adapter. The API key comes from the environment.
+
+Usage: python driver.py SETTINGS_JSON
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main(settings: dict) -> int:
+    from openhands.sdk import LLM, Agent, Conversation, Tool
+    from openhands.tools.file_editor import FileEditorTool
+    from openhands.tools.task_tracker import TaskTrackerTool
+    from openhands.tools.terminal import TerminalTool
+    from pydantic import SecretStr
+
+    known = {t.name: t for t in (TerminalTool, FileEditorTool, TaskTrackerTool)}
+    unknown = sorted(set(settings["tools"]) - set(known))
+    if unknown:
+        print(f"unknown OpenHands tools {unknown}; known: {sorted(known)}", file=sys.stderr)
+        return 2
+    llm = LLM(
+        usage_id="agent",
+        model=settings["model"],
+        base_url=settings["base_url"],
+        api_key=SecretStr(os.environ["SLR_OPENHANDS_API_KEY"]),
+        max_input_tokens=settings["max_input_tokens"],
+        max_output_tokens=settings["max_output_tokens"],
+        native_tool_calling=True,
+    )
+    agent = Agent(llm=llm, tools=[Tool(name=known[name].name) for name in settings["tools"]])
+    conversation = Conversation(
+        agent=agent,
+        workspace=os.getcwd(),
+        persistence_dir=settings["persistence_dir"],
+        max_iteration_per_run=settings["max_iterations"],
+    )
+    conversation.send_message(Path(settings["instruction_file"]).read_text())
+    conversation.run()
+    status = conversation.state.execution_status
+    print(json.dumps({"execution_status": str(status)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(Path(sys.argv[1]).read_text())))

@@ -1,0 +1,33 @@
+"""The OpenHands SDK, the real packages, through the adapter conformance suite."""
+
+from __future__ import annotations
+
+import pytest
+from slr_adapter_openhands.adapter import OpenHands
+
+from slr.contracts import Endpoint
+from slr.testing import AgentAdapterTests
+from slr.testing.scripted_policy import Reply, ToolCall
+
+
+class TestOpenHands(AgentAdapterTests):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def adapter(cls):
+        return OpenHands()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def hello_script(cls):
+        return [
+            Reply(tool_calls=[ToolCall(name="terminal", arguments={
+                "command": "printf 'hello\\n' > hello.txt", "summary": "write hello.txt"})]),
+            Reply(tool_calls=[ToolCall(name="finish", arguments={"message": "Created hello.txt."})]),
+        ]  # fmt: skip
+
+
+def test_settings_point_litellm_at_the_endpoint():
+    settings = OpenHands().settings(Endpoint(base_url="http://127.0.0.1:9", api_key="k", model="m"))
+    assert settings["model"] == "openai/m" and settings["base_url"] == "http://127.0.0.1:9/v1"
+    assert settings["tools"] == ["terminal", "file_editor", "task_tracker"]
+    assert "k" not in str(settings)  # the key travels in the environment only
