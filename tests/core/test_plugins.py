@@ -176,3 +176,37 @@ def test_plugin_module_with_hookimpl_functions(tmp_path, monkeypatch):
     manager = PluginManager(load_entry_points=False)
     manager.register_plugin(slr_mod_plugin, name="mod")
     assert manager.get("sandbox_backend", "modbackend").load() is slr_mod_plugin.Backend
+
+
+def test_create_calls_the_factory_by_convention(slr_plugins):
+    from attrs import frozen
+
+    from slr.config import option
+
+    @frozen(kw_only=True)
+    class Opts:
+        size: int = option(1, doc="size")
+
+    class Plain:
+        def __init__(self, options=None, **kw):
+            self.options, self.kw = options, kw
+
+    class Whole(Plain):
+        @classmethod
+        def from_config(cls, config, **kw):
+            obj = cls(None, **kw)
+            obj.config = config
+            return obj
+
+    class Reg:
+        @hookimpl
+        def register_engines(self, register):
+            register("plain", Plain, config_cls=Opts)
+            register("bare", Plain)
+            register("whole", Whole, config_cls=Opts)
+
+    slr_plugins.register(Reg(), name="reg")
+    get = slr_plugins.manager.get
+    assert get("engine", "plain").create(Opts(size=3), config="cfg").options == Opts(size=3)
+    assert get("engine", "bare").create(None, extra=1).kw == {"extra": 1}
+    assert get("engine", "whole").create(Opts(), config="cfg").config == "cfg"

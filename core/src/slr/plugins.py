@@ -98,6 +98,19 @@ class Registration:
             ) from exc
         return obj
 
+    def create(self, options: Any = None, *, config: Any = None, **kwargs: Any) -> Any:
+        """Build the thing: ``factory.from_config(config, **kwargs)`` when the factory has a
+        ``from_config`` and a whole run config is given (for plugins that need more than their
+        own section, e.g. an optimizer needs ``[algorithm]``); otherwise
+        ``factory(options, **kwargs)``, or ``factory(**kwargs)`` with no ``config_cls``."""
+        factory = self.load()
+        from_config = getattr(factory, "from_config", None)
+        if config is not None and callable(from_config):
+            return from_config(config, **kwargs)
+        if self.config_cls is None:
+            return factory(**kwargs)
+        return factory(options, **kwargs)
+
 
 def _allowlist() -> set[str] | None:
     raw = os.environ.get("SLR_LOAD_PLUGINS")
