@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,8 +17,19 @@ import structlog
 
 from slr.bundles import MARKER
 from slr.contracts import AgentOutcome, Bundle, Sandbox, SandboxError
+from slr.errors import SlrError
 
 log = structlog.get_logger()
+
+
+class ScaffoldCrashed(SlrError):
+    """The scaffold could not run or died abnormally (not found, killed by a signal, an
+    uncaught exception). The trial runner records ``agent_error``; logs are attached."""
+
+    def __init__(self, message: str, *, outcome: AgentOutcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
 
 #: Where adapters put a trial's scaffold files (config, instruction, logs) in the sandbox.
 AGENT_DIR = "/tmp/slr-agent"
@@ -36,12 +48,17 @@ async def run_headless(
     files: Mapping[str, str] | None = None,
     logs_from: Sequence[str] = (),
     cleanup: str | None = None,
+    bundle: Bundle | None = None,
+    crash_markers: Sequence[str] = (),
 ) -> AgentOutcome:
     """Upload ``files`` (relative to ``AGENT_DIR``), run ``command`` under ``timeout_s``,
     then run ``cleanup`` and gather ``logs_from`` (sandbox files or folders) into the logs.
 
-    The scaffold's failure is reported, never raised: a crash is a non-zero exit code, a hang
-    is ``timed_out``. Only a dead sandbox raises (``SandboxError``).
+    How the scaffold ended is reported: a hang is ``timed_out``; a non-zero exit after it
+    ended its conversation (turn limit, a model error it gave up on) is an ordinary outcome
+    with its exit code. A crash raises ``ScaffoldCrashed``: exit 126/127 (cannot run), 128+N
+    (killed by signal N), or any of ``crash_markers`` (e.g. a Python traceback) in its
+    stderr together with a non-zero exit. A dead sandbox raises ``SandboxError``.
     """
     await _upload_files(sandbox, files or {})
     try:
@@ -58,7 +75,22 @@ async def run_headless(
         with contextlib.suppress(SandboxError, TimeoutError):
             await sandbox.exec(cleanup, timeout_s=30)
     logs.update(await collect_logs(sandbox, logs_from))
-    return AgentOutcome(exit_code=None if timed_out else exit_code, timed_out=timed_out, logs=logs)
+    if bundle is not None:
+        # The exact runtime of this trial, in its record.
+        logs["bundle"] = json.dumps({"bundle": bundle.path.name, "version": bundle.version})
+    outcome = AgentOutcome(
+        exit_code=None if timed_out else exit_code, timed_out=timed_out, logs=logs
+    )
+    if not timed_out and exit_code not in (None, 0):
+        marker = next((m for m in crash_markers if m in logs.get("stderr", "")), None)
+        if exit_code >= 126 or marker is not None:
+            why = f"its stderr has {marker!r}" if marker else "it could not run or was killed"
+            raise ScaffoldCrashed(
+                f"the scaffold crashed (exit code {exit_code}; {why}): "
+                f"{logs.get('stderr', '')[-1500:]}",
+                outcome=outcome,
+            )
+    return outcome
 
 
 async def _upload_files(sandbox: Sandbox, files: Mapping[str, str]) -> None:
@@ -121,3 +153,7 @@ async def bundle_root(sandbox: Sandbox, bundle: Bundle) -> str:
     if probe.exit_code == 0 and f'"version": "{bundle.version}"' in probe.stdout:
         return BUNDLE_MOUNT
     return str(bundle.path)
+
+
+#: What an uncaught Python exception prints: a crash of a Python scaffold.
+PYTHON_CRASH = "Traceback (most recent call last)"

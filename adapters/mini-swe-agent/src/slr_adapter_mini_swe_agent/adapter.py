@@ -12,7 +12,7 @@ from slr import bundles
 from slr.bundle_recipes import python_bin, python_env, python_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, bundle_root, openai_base_url, run_headless
+from slr.headless import AGENT_DIR, PYTHON_CRASH, bundle_root, openai_base_url, run_headless
 
 # mini's own configs: actions as fenced bash blocks in the text, or as `bash` tool calls.
 _CONFIGS = {
@@ -100,12 +100,15 @@ class MiniSweAgent:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        command, env = self.command(await bundle_root(sandbox, self.bundle()), endpoint)
+        bundle = self.bundle()
+        command, env = self.command(await bundle_root(sandbox, bundle), endpoint)
         return await run_headless(
             sandbox,
             command=command,
             env=env,
             timeout_s=timeout_s,
+            bundle=bundle,
+            crash_markers=[PYTHON_CRASH],
             files={"instruction.md": instruction},
             logs_from=[f"{AGENT_DIR}/mini/trajectory.json"],
         )

@@ -109,12 +109,14 @@ class OpenCode:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        command, env = self.command(await bundle_root(sandbox, self.bundle()), endpoint)
+        bundle = self.bundle()
+        command, env = self.command(await bundle_root(sandbox, bundle), endpoint)
         return await run_headless(
             sandbox,
             command=command,
             env=env,
             timeout_s=timeout_s,
+            bundle=bundle,
             files={"instruction.md": instruction},
             logs_from=[
                 f"{AGENT_DIR}/xdg/data/opencode/log",

@@ -11,7 +11,7 @@ from slr import bundles
 from slr.bundle_recipes import host_tool, python_bin, python_env, python_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, bundle_root, openai_base_url, run_headless
+from slr.headless import AGENT_DIR, PYTHON_CRASH, bundle_root, openai_base_url, run_headless
 
 TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
 
@@ -30,6 +30,11 @@ class OpenHandsConfig:
     )
     context_tokens: int = option(8192, doc="Context window OpenHands is told the model has.")
     output_tokens: int = option(1024, doc="Most tokens per model call.")
+    allow_short_context: bool = option(
+        True,
+        doc="Let OpenHands run with a context window under its 16k minimum "
+        "(ALLOW_SHORT_CONTEXT_WINDOWS); small policies (SmolLM2: 8k) need it.",
+    )
     python: str = option("3.12", doc="Python version of the bundle's interpreter (>= 3.12).")
     env: dict[str, str] = option(factory=dict, doc="More environment variables for the agent.")
 
@@ -74,6 +79,7 @@ class OpenHands:
             "SLR_OPENHANDS_API_KEY": endpoint.api_key,
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "TMUX_TMPDIR": TMUX_TMPDIR,
+            **({"ALLOW_SHORT_CONTEXT_WINDOWS": "true"} if self.config.allow_short_context else {}),
             **self.config.env,
         }
         return command, env
@@ -81,7 +87,8 @@ class OpenHands:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        root = await bundle_root(sandbox, self.bundle())
+        bundle = self.bundle()
+        root = await bundle_root(sandbox, bundle)
         command, env = self.command(root, endpoint)
         driver = files("slr_adapter_openhands").joinpath("driver.py").read_text()
         return await run_headless(
@@ -89,6 +96,8 @@ class OpenHands:
             command=command,
             env=env,
             timeout_s=timeout_s,
+            bundle=bundle,
+            crash_markers=[PYTHON_CRASH],
             files={
                 "instruction.md": instruction,
                 "driver.py": driver,

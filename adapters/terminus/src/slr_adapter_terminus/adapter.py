@@ -11,7 +11,7 @@ from slr import bundles
 from slr.bundle_recipes import host_tool, python_bin, python_env, python_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, bundle_root, openai_base_url, run_headless
+from slr.headless import AGENT_DIR, PYTHON_CRASH, bundle_root, openai_base_url, run_headless
 
 # Its tmux server gets a socket folder of its own, so the adapter can end it afterwards.
 TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
@@ -82,7 +82,8 @@ class Terminus:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        root = await bundle_root(sandbox, self.bundle())
+        bundle = self.bundle()
+        root = await bundle_root(sandbox, bundle)
         command, env = self.command(root, endpoint)
         driver = files("slr_adapter_terminus").joinpath("driver.py").read_text()
         return await run_headless(
@@ -91,6 +92,8 @@ class Terminus:
             command=f'export PATH="$PATH:{root}/tools/bin"; mkdir -p {TMUX_TMPDIR} && {command}',
             env=env,
             timeout_s=timeout_s,
+            bundle=bundle,
+            crash_markers=[PYTHON_CRASH],
             files={
                 "instruction.md": instruction,
                 "driver.py": driver,

@@ -29,7 +29,7 @@ from slr.contracts import (
     SandboxError,
     TerminationReason,
 )
-from slr.headless import KILL_GRACE_S, bundle_root
+from slr.headless import KILL_GRACE_S, ScaffoldCrashed, bundle_root
 from slr.plugins import get_plugin_manager
 from slr.testing.sandbox_probes import (
     HTTP_PROBE,
@@ -399,12 +399,36 @@ class AgentAdapterTests:
         assert hang_run.leftovers == "", f"processes left running: {hang_run.leftovers}"
 
     @pytest.mark.slow
-    def test_a_refusing_model_is_reported_not_raised(self, refused_run):
-        # _agent_run would have raised; an outcome with logs came back instead.
+    def test_a_refusing_model_ends_the_run_cleanly(self, refused_run):
+        # An outcome (the scaffold gave up, or ran out of time retrying) or ScaffoldCrashed
+        # (it died of it): both are records for the trial runner; anything else raised.
         assert isinstance(refused_run.outcome, AgentOutcome)
         assert refused_run.requests, "the scaffold never reached the endpoint"
         assert refused_run.hello is None
         assert refused_run.leftovers == ""
+
+    @pytest.mark.slow
+    def test_a_scaffold_that_cannot_start_raises_scaffold_crashed(
+        self, adapter, sandbox_factory, scripted_policy, tmp_path_factory
+    ):
+        # A sandbox whose bundle mount holds nothing runnable: the scaffold is not found.
+        empty = tmp_path_factory.mktemp("empty-bundle")
+        real = adapter.bundle()
+
+        async def go():
+            sandbox = await sandbox_factory(Bundle(path=empty, version=real.version))
+            try:
+                endpoint = Endpoint(
+                    base_url=sandbox.proxy_url(scripted_policy.url), api_key=API_KEY, model=MODEL
+                )
+                with pytest.raises(ScaffoldCrashed) as info:
+                    await adapter.run(sandbox, "Create hello.txt.", endpoint, timeout_s=60)
+                return info.value
+            finally:
+                await sandbox.stop()
+
+        crashed = _run(go())
+        assert crashed.outcome.exit_code is not None and crashed.outcome.exit_code != 0
 
 
 MODEL = "slr-policy"
@@ -417,9 +441,12 @@ async def _agent_run(adapter, sandbox_factory, stub, timeout_s: float) -> AgentR
     try:
         endpoint = Endpoint(base_url=sandbox.proxy_url(stub.url), api_key=API_KEY, model=MODEL)
         started = time.monotonic()
-        outcome = await adapter.run(
-            sandbox, "Create hello.txt containing hello.", endpoint, timeout_s=timeout_s
-        )
+        try:
+            outcome = await adapter.run(
+                sandbox, "Create hello.txt containing hello.", endpoint, timeout_s=timeout_s
+            )
+        except ScaffoldCrashed as exc:
+            outcome = exc.outcome
         took = time.monotonic() - started
         hello = await sandbox.exec("cat hello.txt")
         # every scaffold process runs from the bundle; none may outlive the run
