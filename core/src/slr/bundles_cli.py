@@ -39,8 +39,7 @@ def build(names: tuple[str, ...]) -> None:
         if name not in registry:
             get_plugin_manager().get("agent", name)  # raises with the installed names
         reg = registry[name]
-        factory = reg.load()
-        adapter = factory(reg.config_cls()) if reg.config_cls is not None else factory()
+        adapter = reg.create(reg.config_cls() if reg.config_cls is not None else None)
         started = time.monotonic()
         try:
             bundle = adapter.bundle()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shlex
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -144,15 +145,20 @@ def anthropic_base_url(base_url: str) -> str:
 
 
 async def bundle_root(sandbox: Sandbox, bundle: Bundle) -> str:
-    """Where ``bundle`` is mounted in ``sandbox``: the trial runner's mount point
-    (``slr.trial.BUNDLE_MOUNT``) when it holds this bundle, else the host path (sandboxes
-    that mount bundles at the same path, or share the host's filesystem)."""
+    """Where ``bundle`` is in ``sandbox``: the trial runner's mount point
+    (``slr.trial.BUNDLE_MOUNT``) when it holds this bundle; else the host path when the
+    sandbox sees it (a backend that mounts at the same path, or shares the host's files);
+    else the mount point (a bundle without a marker, such as a package folder)."""
     from slr.trial import BUNDLE_MOUNT
 
-    probe = await sandbox.exec(f"cat {BUNDLE_MOUNT}/{MARKER}", timeout_s=30)
-    if probe.exit_code == 0 and f'"version": "{bundle.version}"' in probe.stdout:
-        return BUNDLE_MOUNT
-    return str(bundle.path)
+    needle = shlex.quote(f'"version": {json.dumps(bundle.version)}')
+    script = (
+        f"if grep -qF {needle} {BUNDLE_MOUNT}/{MARKER} 2>/dev/null; "
+        f"then echo {BUNDLE_MOUNT}; elif [ -d {shlex.quote(str(bundle.path))} ]; "
+        f"then echo {shlex.quote(str(bundle.path))}; else echo {BUNDLE_MOUNT}; fi"
+    )
+    probe = await sandbox.exec(script, timeout_s=30)
+    return probe.stdout.strip() or BUNDLE_MOUNT
 
 
 #: What an uncaught Python exception prints: a crash of a Python scaffold.

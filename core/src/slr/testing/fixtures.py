@@ -34,3 +34,42 @@ def _has_manager() -> bool:
     from slr import plugins
 
     return plugins._manager is not None
+
+
+@pytest.fixture(scope="session")
+def sandbox_factory(tmp_path_factory):
+    """For ``AgentAdapterTests``: ``await start(bundle)`` gives a fresh sandbox of a trivial
+    task (workdir ``/app``) with ``bundle`` mounted where the trial runner mounts it.
+
+    The backend is ``$SLR_TEST_BACKEND`` (default ``local``), from the installed plugins.
+    Override this fixture to test on another backend or task.
+    """
+    import asyncio
+    import os
+    import uuid
+
+    from slr.tasks import load_task
+    from slr.trial import BUNDLE_MOUNT
+
+    folder = tmp_path_factory.mktemp("adapter-task")
+    (folder / "environment").mkdir()
+    (folder / "environment" / "Dockerfile").write_text("FROM slr-base:bookworm\nWORKDIR /app\n")
+    (folder / "tests").mkdir()
+    (folder / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (folder / "instruction.md").write_text("Create hello.txt containing hello.\n")
+    (folder / "task.toml").write_text('version = "1.0"\n[task]\nname = "slr/adapter-test"\n')
+    task = load_task(folder)
+    name = os.environ.get("SLR_TEST_BACKEND", "local")
+    registration = get_plugin_manager().get("sandbox_backend", name)
+    backend = registration.create(registration.config_cls() if registration.config_cls else None)
+
+    async def start(bundle):
+        return await backend.start(
+            task,
+            trial_id=f"adapter-test-{uuid.uuid4().hex[:8]}",
+            labels={"slr.test": "adapter"},
+            mounts={bundle.path: BUNDLE_MOUNT},
+        )
+
+    yield start
+    asyncio.run(backend.close())

@@ -1,0 +1,99 @@
+"""Helpers for the adapter end-to-end tests: a taught tiny policy, proxy sessions."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from typing import Any
+
+import torch
+from filelock import FileLock
+from slr_engine_hf.engine import HfEngine
+from slr_engine_hf.models import cache_dir
+from slr_engine_hf.tiny import chat_prompt, save, teach, tokenizer
+
+from slr.contracts import Endpoint, Trajectory
+
+#: The action that solves examples/tasks/hello-world, in every scaffold's format.
+HELLO = "printf 'hello\\n' > /app/hello.txt"
+
+#: Attention window of the taught policy: the generation prompt plus a few tokens.
+WINDOW = 12
+_RECIPE = "sliding-v1"
+
+
+def _model(tok: Any) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=65536,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=0,
+        layer_types=["sliding_attention"] * 2,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return model
+
+
+def taught_engine(action: str) -> HfEngine:
+    """An engine serving a tiny policy that answers ``action`` to any chat prompt.
+
+    Taught once per action and cached on disk (``<slr cache>/models/taught-<hash>``), so
+    later test sessions load it in a second.
+    """
+    from transformers import AutoModelForCausalLM
+
+    key = hashlib.sha256(f"{_RECIPE}\n{action}".encode()).hexdigest()[:16]
+    folder = cache_dir() / "models" / f"taught-{key}"
+    tok = tokenizer()
+    with FileLock(str(folder) + ".lock"):
+        if not (folder / "slr-model.json").is_file():
+            model = _model(tok)
+            rng = random.Random(0)
+            words = list(range(300, 40000))
+            prompts = [
+                chat_prompt(
+                    tok,
+                    [
+                        {
+                            "role": "user",
+                            "content": tok.decode(rng.sample(words, rng.randint(3, 30))),
+                        }
+                    ],
+                )
+                for _ in range(6)
+            ]
+            teach(model, tok, [(p, action) for p in prompts], steps=400, lr=3e-2)
+            tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+            save(model, tok, tmp)
+            tmp.rename(folder)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    return HfEngine.from_model(model, tok)
+
+
+class ProxySessions:
+    """The trial runner's session factory over the in-process proxy (on its own thread)."""
+
+    def __init__(self, proxy: Any, protocol: str, model: str) -> None:
+        self.proxy, self.protocol, self.model = proxy, protocol, model
+
+    async def open(self, trial_id: str) -> tuple[Endpoint, Any]:
+        session = self.proxy.open_session(trial_id)
+        return session.endpoint(self.protocol, model=self.model), session
+
+    async def close(self, handle: Any) -> Trajectory | None:
+        return self.proxy.close_session(handle)
