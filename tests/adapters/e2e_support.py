@@ -18,9 +18,11 @@ from slr.contracts import Endpoint, Trajectory
 #: The action that solves examples/tasks/hello-world, in every scaffold's format.
 HELLO = "printf 'hello\\n' > /app/hello.txt"
 
-#: Attention window of the taught policy: the generation prompt plus a few tokens.
-WINDOW = 12
-_RECIPE = "sliding-v1"
+#: Attention window of the taught policy, one layer deep: exactly the generation prompt
+#: ``<|im_end|>\n<|im_start|>assistant\n`` at the first token, so nothing before it (the
+#: scaffold's whole prompt) can change what the policy says.
+WINDOW = 5
+_RECIPE = "sliding-w5-l1-v1"
 
 
 def _model(tok: Any) -> torch.nn.Module:
@@ -28,9 +30,9 @@ def _model(tok: Any) -> torch.nn.Module:
 
     config = Qwen2Config(
         vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=65536,
@@ -41,7 +43,7 @@ def _model(tok: Any) -> torch.nn.Module:
         use_sliding_window=True,
         sliding_window=WINDOW,
         max_window_layers=0,
-        layer_types=["sliding_attention"] * 2,
+        layer_types=["sliding_attention"],
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -75,9 +77,9 @@ def taught_engine(action: str) -> HfEngine:
                         }
                     ],
                 )
-                for _ in range(6)
+                for _ in range(3)
             ]
-            teach(model, tok, [(p, action) for p in prompts], steps=400, lr=3e-2)
+            teach(model, tok, [(p, action) for p in prompts], steps=800, lr=3e-2)
             tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
             save(model, tok, tmp)
             tmp.rename(folder)

@@ -4,9 +4,10 @@ the real engine generating every token, the Harbor verifier, the trial runner.
 The policy is a tiny model taught, in the fixture, to answer in that scaffold's own action
 format (a native tool call for the tool-using scaffolds, Terminus-2's JSON, a bash block for
 mini-swe-agent) with the action that solves ``examples/tasks/hello-world``. Its attention
-is a sliding window of a few tokens, so what it says depends only on the end of the prompt
-(``<|im_start|>assistant\\n``), never on the scaffold's system prompt: taught on short
-prompts in seconds, it gives the same answer inside a 10k-token Claude Code prompt.
+is a one-layer sliding window of five tokens, so what it says depends only on the end of
+the prompt (``<|im_end|>\\n<|im_start|>assistant\\n``), never on the scaffold's system
+prompt: taught on short prompts, it gives the same answer inside a 10k-token Claude Code
+prompt (taught once, then cached on disk).
 Generation stays real: the proxy samples it token by token and records ids, mask and
 log-probs. Whatever the scaffold does after the action (repeat it, stop), the file stays,
 and the verifier gives reward 1.
@@ -22,7 +23,7 @@ import pytest
 from e2e_support import HELLO, ProxySessions, taught_engine
 from slr_adapter_claude_code.adapter import ClaudeCode, ClaudeCodeConfig
 from slr_adapter_mini_swe_agent.adapter import MiniSweAgent
-from slr_adapter_opencode.adapter import OpenCode
+from slr_adapter_opencode.adapter import OpenCode, OpenCodeConfig
 from slr_adapter_openhands.adapter import OpenHands, OpenHandsConfig
 from slr_adapter_terminus.adapter import Terminus, TerminusConfig
 
@@ -48,7 +49,7 @@ CASES = {
         hermes("Bash", {"command": HELLO, "description": "write hello.txt"}),
     ),
     "opencode": (
-        OpenCode,
+        lambda: OpenCode(OpenCodeConfig(max_steps=2)),
         hermes("bash", {"command": HELLO, "description": "write hello.txt"}),
     ),
     "openhands": (

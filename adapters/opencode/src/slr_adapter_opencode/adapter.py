@@ -26,6 +26,9 @@ class OpenCodeConfig:
     )
     context_tokens: int = option(8192, doc="Context window OpenCode is told the model has.")
     output_tokens: int = option(1024, doc="Most tokens OpenCode asks for per call.")
+    max_steps: int = option(
+        0, doc="Most agentic steps of its `build` agent (`agent.build.steps`); 0: its default."
+    )
     extra_args: list[str] = option(factory=list, doc="More arguments for `opencode run`.")
     env: dict[str, str] = option(factory=dict, doc="More environment variables for OpenCode.")
 
@@ -71,6 +74,7 @@ class OpenCode:
             "share": "disabled",
             "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
             "tools": dict(c.tools),
+            **({"agent": {"build": {"steps": c.max_steps}}} if c.max_steps else {}),
         }
 
     def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
