@@ -17,9 +17,17 @@ from slr.contracts import Reward, Segment, Trajectory, TrialResult
 
 
 def tiny_causal_lm(
-    *, vocab_size: int = 64, hidden_size: int = 32, layers: int = 2, seed: int = 0
+    *,
+    vocab_size: int = 64,
+    hidden_size: int = 32,
+    layers: int = 2,
+    seed: int = 0,
+    init_std: float = 0.02,
 ) -> nn.Module:
-    """A randomly initialised Llama-architecture model small enough to train in seconds."""
+    """A randomly initialised Llama-architecture model small enough to train in seconds.
+
+    A larger ``init_std`` gives peakier next-token distributions, more like a trained model's.
+    """
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(
@@ -31,6 +39,7 @@ def tiny_causal_lm(
         num_key_value_heads=2,
         max_position_embeddings=512,
         tie_word_embeddings=True,
+        initializer_range=init_std,
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).eval()
