@@ -127,7 +127,9 @@ class Scorer:
         logits = logits.float() / self.temperature
         from verl.utils import torch_functional as verl_F
 
-        out = Scores(logprobs=_scatter(verl_F.logprobs_from_logits(logits, targets), select))
+        # One (1, N, V) block: verl's float32 path loops over the leading dimension in Python.
+        logprobs = verl_F.logprobs_from_logits(logits.unsqueeze(0), targets.unsqueeze(0))[0]
+        out = Scores(logprobs=_scatter(logprobs, select))
         if entropy:
             if entropy_grad:
                 out.entropy = _scatter(verl_F.entropy_from_logits(logits), select)
