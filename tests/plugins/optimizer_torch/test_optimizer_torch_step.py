@@ -10,6 +10,7 @@ from slr_optimizer_torch.optimizer import TorchOptimizer
 from slr_optimizer_torch.testing import sample, sample_trials, tiny_causal_lm, trial
 
 from slr.config import AlgorithmSection
+from slr.contracts import Optimizer
 from slr.errors import ConfigError, UsageError
 from slr.plugins import PluginManager
 from slr.runs import RunDir
@@ -53,6 +54,7 @@ def test_logprob_agreement_is_exact_for_matching_weights_and_temperature():
     assert metrics["rollout/logprob_pearson"] > 0.999
     assert metrics["rollout/logprob_abs_diff_mean"] < 1e-4
     assert metrics["batch/policy_tokens"] == 3 * 6 * 5
+    assert isinstance(opt, Optimizer)
 
 
 def test_logprob_agreement_drops_when_the_temperature_or_the_weights_differ():
@@ -195,6 +197,9 @@ def test_unknown_algorithm_names_fail_at_construction_with_the_registered_ones()
         _optimizer(algorithm=AlgorithmSection(policy_loss="ppo-clip"))
     with pytest.raises(ConfigError, match="grpo"):
         _optimizer(algorithm=AlgorithmSection(adv_estimator="grpo2"))
+    # registered in verl, but needs greedy-rollout baselines this trainer does not produce
+    with pytest.raises(ConfigError, match="reward_baselines"):
+        _optimizer(algorithm=AlgorithmSection(adv_estimator="remax"))
 
 
 def test_a_batch_of_only_failures_and_zero_variance_groups_skips_the_update():
@@ -266,3 +271,40 @@ def test_checkpoint_policy_folder_loads_as_a_model_and_incomplete_ones_are_refus
     (tmp_path / "step-000001" / "COMPLETE").unlink()
     with pytest.raises(UsageError, match="incomplete"):
         _optimizer().load(tmp_path / "step-000001")
+
+
+def test_from_config_loads_the_model_folder_with_the_rollout_temperature(tmp_path):
+    from slr.config import load_config
+
+    tiny_causal_lm(seed=3).save_pretrained(tmp_path / "model")
+    cfg = load_config(
+        plugins=PluginManager(),
+        data={
+            "optimizer": {"name": "torch", "model": str(tmp_path / "model"), "lr": 1e-4},
+            "rollout": {"temperature": 0.8},
+            "algorithm": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-mean"},
+        },
+    )
+    registration = PluginManager().get("optimizer", "torch")
+    opt = registration.create(cfg.optimizer.options, config=cfg)
+    assert isinstance(opt, TorchOptimizer)
+    assert opt.temperature == 0.8
+    assert opt.actor_cfg.policy_loss.loss_mode == "gspo"
+    assert opt.optim.param_groups[0]["lr"] == 1e-4
+    start = tiny_causal_lm(seed=3)
+    assert all(
+        torch.equal(a, b) for a, b in zip(opt.model.parameters(), start.parameters(), strict=True)
+    )
+    metrics = opt.step(_trials(start, temperature=0.8))
+    assert metrics["rollout/logprob_abs_diff_mean"] < 1e-4
+
+
+def test_the_readme_documents_every_option():
+    from pathlib import Path
+
+    readme = (
+        Path(__file__).resolve().parents[3] / "plugins" / "optimizer-torch" / "README.md"
+    ).read_text()
+    for field in attrs.fields(TorchOptimizerConfig):
+        assert f"| `{field.name}` |" in readme, field.name
+        assert field.metadata["doc"] in readme, field.name

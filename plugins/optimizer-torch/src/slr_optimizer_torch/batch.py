@@ -196,6 +196,41 @@ def trial_positions(batch: TrainBatch) -> list[tuple[torch.Tensor, torch.Tensor]
     return out
 
 
+#: What ``compute_advantages`` hands an estimator (each takes the subset it names).
+PROVIDED = (
+    "token_level_rewards",
+    "response_mask",
+    "index",
+    "config",
+    "norm_adv_by_std_in_grpo",
+    "gamma",
+    "lam",
+    "values",
+)
+
+
+def check_estimator(estimator: str, provided: Any = PROVIDED) -> None:
+    """Refuse, by name, an estimator that needs inputs this trainer does not produce."""
+    from verl.trainer.ppo import core_algos
+
+    from slr.errors import ConfigError
+
+    fn = core_algos.get_adv_estimator_fn(estimator)
+    missing = [
+        name
+        for name, p in inspect.signature(fn).parameters.items()
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        and name not in provided
+    ]
+    if missing:
+        raise ConfigError(
+            f"advantage estimator {estimator!r} needs {', '.join(missing)}, which the torch "
+            f"optimizer does not provide; pick one that needs only rewards and group ids "
+            f"(grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, opo, gpg) or gae"
+        )
+
+
 def compute_advantages(
     batch: TrainBatch,
     estimator: str,
@@ -240,19 +275,7 @@ def compute_advantages(
             trial_values[k, : len(cols)] = values[rows, cols].float()
         available["values"] = trial_values
     params = inspect.signature(fn).parameters
-    missing = [
-        name
-        for name, p in params.items()
-        if p.default is inspect.Parameter.empty
-        and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-        and name not in available
-    ]
-    if missing:
-        raise ValueError(
-            f"advantage estimator {estimator!r} needs {', '.join(missing)}, which the torch "
-            f"optimizer does not provide; pick one that needs only rewards and group ids "
-            f"(grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, opo, gpg) or gae"
-        )
+    check_estimator(estimator, provided=available)
     kwargs = {name: value for name, value in available.items() if name in params}
     trial_adv, trial_ret = fn(**kwargs)
 

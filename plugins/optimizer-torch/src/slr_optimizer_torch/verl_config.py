@@ -53,6 +53,7 @@ def check_names(algorithm: AlgorithmSection) -> None:
     from verl.trainer.ppo import core_algos
 
     from slr.errors import ConfigError
+    from slr_optimizer_torch.batch import check_estimator
 
     if algorithm.adv_estimator not in core_algos.ADV_ESTIMATOR_REGISTRY:
         known = ", ".join(sorted(core_algos.ADV_ESTIMATOR_REGISTRY))
@@ -66,3 +67,4 @@ def check_names(algorithm: AlgorithmSection) -> None:
             f"algorithm.policy_loss = {algorithm.policy_loss!r} is not a verl policy loss. "
             f"Registered: {known}"
         )
+    check_estimator(algorithm.adv_estimator)  # registered, but needs inputs we lack?
