@@ -1,0 +1,160 @@
+"""The running batch: one KV cache for every active sequence, left-padded to one length.
+
+Sequences join and leave at any step. Joining prefills the newcomer alone (no padding in
+its forward pass) and then pads either it or the batch on the left so the caches line up;
+leaving drops its row and trims columns that only padding still uses. Between those
+events every step feeds one token per row through one forward pass, with per-row
+position ids and an attention mask that hides the padding, so a row computes exactly what
+it would compute alone (up to float summation order).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, heads, L, dim]
+
+
+def cache_tensors(cache: DynamicCache) -> KV:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def make_cache(kv: KV) -> DynamicCache:
+    return DynamicCache(ddp_cache_data=kv)
+
+
+def _forward(model: torch.nn.Module, cache: DynamicCache, **inputs: torch.Tensor) -> Any:
+    """One forward pass with a cache; returns (logits, cache). transformers renamed the
+    ``past_key_values`` argument to ``cache``; accept both spellings."""
+    name = _CACHE_ARG.get(type(model))
+    if name is None:
+        params = inspect.signature(type(model).forward).parameters
+        name = _CACHE_ARG[type(model)] = "cache" if "cache" in params else "past_key_values"
+    out = model(**inputs, **{name: cache}, use_cache=True)
+    new_cache = out["cache"] if "cache" in out else out["past_key_values"]
+    return out.logits, new_cache
+
+
+_CACHE_ARG: dict[type, str] = {}
+
+
+def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
+    if n == 0:
+        return t
+    pad = t.new_zeros((*t.shape[:2], n, t.shape[3]))
+    return torch.cat([pad, t], dim=2)
+
+
+class Batch:
+    """KV tensors and the padding mask of the active rows (row order = ``len`` order)."""
+
+    def __init__(self) -> None:
+        self.kv: KV | None = None
+        self.mask: torch.Tensor | None = None  # [B, L] long, 0 = padding
+
+    @property
+    def size(self) -> int:
+        return 0 if self.mask is None else int(self.mask.shape[0])
+
+    @property
+    def width(self) -> int:
+        return 0 if self.mask is None else int(self.mask.shape[1])
+
+    def add(self, kv: KV) -> None:
+        """Append one sequence (batch dim 1, no padding) as the last row."""
+        n = kv[0][0].shape[2]
+        row_mask = torch.ones((1, n), dtype=torch.long, device=kv[0][0].device)
+        if self.kv is None:
+            self.kv, self.mask = list(kv), row_mask
+            return
+        assert self.mask is not None
+        width = max(self.width, n)
+        grow, pad_new = width - self.width, width - n
+        self.kv = [
+            (
+                torch.cat([_pad_left(k, grow), _pad_left(nk, pad_new)], dim=0),
+                torch.cat([_pad_left(v, grow), _pad_left(nv, pad_new)], dim=0),
+            )
+            for (k, v), (nk, nv) in zip(self.kv, kv, strict=True)
+        ]
+        self.mask = torch.cat(
+            [
+                torch.nn.functional.pad(self.mask, (grow, 0)),
+                torch.nn.functional.pad(row_mask, (pad_new, 0)),
+            ],
+            dim=0,
+        )
+
+    def row_kv(self, row: int, length: int) -> KV:
+        """The last ``length`` cache entries of one row (its real tokens), copied."""
+        assert self.kv is not None
+        return [
+            (k[row : row + 1, :, -length:].clone(), v[row : row + 1, :, -length:].clone())
+            for k, v in self.kv
+        ]
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (in that order); drop columns that are padding everywhere."""
+        if not rows:
+            self.kv, self.mask = None, None
+            return
+        assert self.kv is not None and self.mask is not None
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.mask.device)
+        mask = self.mask.index_select(0, index)
+        used = mask.any(dim=0).nonzero()
+        start = int(used[0]) if len(used) else mask.shape[1]
+        self.mask = mask[:, start:]
+        self.kv = [
+            (k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
+            for k, v in self.kv
+        ]
+
+    @torch.inference_mode()
+    def step(
+        self, model: torch.nn.Module, next_tokens: Sequence[int], positions: Sequence[int]
+    ) -> torch.Tensor:
+        """Feed one token per row; returns the next-token logits [B, vocab] (fp32)."""
+        assert self.kv is not None and self.mask is not None
+        device = self.mask.device
+        input_ids = torch.tensor([[t] for t in next_tokens], dtype=torch.long, device=device)
+        position_ids = torch.tensor([[p] for p in positions], dtype=torch.long, device=device)
+        mask = torch.cat([self.mask, self.mask.new_ones((self.size, 1))], dim=1)
+        logits, cache = _forward(
+            model,
+            make_cache(self.kv),
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            cache_position=torch.tensor([self.width], dtype=torch.long, device=device),
+        )
+        self.kv, self.mask = cache_tensors(cache), mask
+        return logits[:, -1].float()
+
+
+@torch.inference_mode()
+def prefill(
+    model: torch.nn.Module, token_ids: Sequence[int], prefix: KV | None, prefix_len: int
+) -> tuple[torch.Tensor, KV]:
+    """Run one sequence's uncached tokens; returns the last logits [vocab] and its KV."""
+    device = next(model.parameters()).device
+    new = list(token_ids[prefix_len:])
+    input_ids = torch.tensor([new], dtype=torch.long, device=device)
+    positions = torch.arange(prefix_len, len(token_ids), device=device)
+    cache = (
+        make_cache([(k[:, :, :prefix_len], v[:, :, :prefix_len]) for k, v in prefix])
+        if (prefix is not None and prefix_len > 0)
+        else DynamicCache()
+    )
+    logits, cache = _forward(
+        model,
+        cache,
+        input_ids=input_ids,
+        position_ids=positions.unsqueeze(0),
+        cache_position=positions,
+    )
+    return logits[0, -1].float(), cache_tensors(cache)

@@ -1,0 +1,43 @@
+"""The ``hf`` engine's options. Light on purpose: loading the plugin must not import torch."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from attrs import frozen, validators
+
+from slr.config import option
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@frozen(kw_only=True)
+class HfEngineConfig:
+    """Options of the ``hf`` engine (the ``[engine]`` section when ``name = "hf"``)."""
+
+    model: str = option(
+        DEFAULT_MODEL,
+        doc="'smollm2-135m-instruct' (the packaged model, converted once into the cache), "
+        "a local Hugging Face model folder, or a .gguf file.",
+    )
+    device: str = option("cpu", doc="Torch device: 'cpu', 'cuda' or 'cuda:N'.")
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
+        "float32", doc="Weights and compute dtype. float32 keeps log-probs exact on CPU."
+    )
+    max_context: int = option(
+        0,
+        doc="Most tokens (prompt + completion) per sequence; 0 means the model's own limit.",
+        validator=validators.ge(0),
+    )
+    max_batch: int = option(
+        16, doc="Most sequences decoded together in one step.", validator=validators.ge(1)
+    )
+    prefix_cache_tokens: int = option(
+        16384,
+        doc="Tokens of per-session KV kept between calls, so a session's next call only "
+        "runs its new tokens (0: off).",
+        validator=validators.ge(0),
+    )
+    threads: int = option(
+        0, doc="torch CPU threads (0: leave torch's default).", validator=validators.ge(0)
+    )

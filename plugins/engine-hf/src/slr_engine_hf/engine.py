@@ -1,0 +1,171 @@
+"""``HfEngine``: the embedded transformers engine (CPU by default, one GPU if asked)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from slr.contracts import ContextOverflow, EngineUnavailable, Generation, SamplingParams
+from slr_engine_hf.config import HfEngineConfig
+from slr_engine_hf.models import resolve
+from slr_engine_hf.scheduler import Request, Scheduler
+
+log = structlog.get_logger()
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HfEngine:
+    """Implements ``slr.contracts.Engine`` with transformers and a continuous-batching loop.
+
+    Build it from config (``HfEngine(HfEngineConfig(model=...))``) or, in tests, from a
+    model object: ``HfEngine.from_model(model, tokenizer)``.
+    """
+
+    def __init__(self, config: HfEngineConfig | None = None, **overrides: Any) -> None:
+        config = config or HfEngineConfig()
+        if overrides:
+            from attrs import evolve
+
+            config = evolve(config, **overrides)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        folder = resolve(config.model)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_DTYPES[config.dtype]).to(
+            config.device
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        self._setup(model, tokenizer, config, source=str(folder))
+
+    @classmethod
+    def from_model(
+        cls, model: torch.nn.Module, tokenizer: Any, config: HfEngineConfig | None = None
+    ) -> HfEngine:
+        """Serve a model object already in memory (tests, the embedded trainer)."""
+        engine = cls.__new__(cls)
+        engine._setup(model, tokenizer, config or HfEngineConfig(), source=type(model).__name__)
+        return engine
+
+    @classmethod
+    def from_folder(cls, path: str | Path, **overrides: Any) -> HfEngine:
+        return cls(HfEngineConfig(model=str(path)), **overrides)
+
+    def _setup(self, model: Any, tokenizer: Any, config: HfEngineConfig, *, source: str) -> None:
+        model.eval()
+        self.config = config
+        self.model = model
+        self._tokenizer = tokenizer
+        limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        self._max_context = config.max_context or limit or 4096
+        if limit and self._max_context > limit:
+            raise ValueError(
+                f"max_context={self._max_context} exceeds the model's own limit {limit}; "
+                f"set max_context to at most {limit}"
+            )
+        eos: set[int] = set()
+        for ids in (
+            getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+            model.config.eos_token_id,
+            tokenizer.eos_token_id,
+        ):
+            if ids is None:
+                continue
+            eos.update([ids] if isinstance(ids, int) else ids)
+        self._vocab = int(model.config.get_text_config().vocab_size)
+        self._closed = False
+        self._scheduler = Scheduler(
+            model=model,
+            tokenizer=tokenizer,
+            max_batch=config.max_batch,
+            max_context=self._max_context,
+            eos_token_ids=eos,
+            prefix_cache_tokens=config.prefix_cache_tokens,
+        )
+        self._scheduler.start()
+        log.info(
+            "hf engine ready",
+            model=source,
+            device=str(next(model.parameters()).device),
+            max_context=self._max_context,
+            max_batch=config.max_batch,
+        )
+
+    # -- the Engine protocol --------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def weights_version(self) -> int:
+        return self._scheduler.version
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("generate needs at least one prompt token; got an empty prompt")
+        if len(prompt) >= self._max_context:
+            raise ContextOverflow(len(prompt), self._max_context)
+        bad = [t for t in prompt if not 0 <= t < self._vocab]
+        if bad:
+            raise ValueError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary (0..{self._vocab - 1}); "
+                f"tokenize with this engine's tokenizer"
+            )
+        if self._closed:
+            raise EngineUnavailable("this hf engine is closed")
+        future: Future = Future()
+        self._scheduler.submit(
+            Request(prompt=prompt, sampling=sampling, session_id=session_id, future=future)
+        )
+        return await asyncio.wrap_future(future)
+
+    async def update_weights(
+        self, state_dict: Mapping[str, Any], *, version: int | None = None
+    ) -> int:
+        """Copy ``state_dict`` into the served model once running generations finish.
+
+        New generations wait meanwhile; every Generation records the version it ran under.
+        """
+        if self._closed:
+            raise EngineUnavailable("this hf engine is closed")
+        return await asyncio.wrap_future(self._scheduler.update(state_dict, version))
+
+    async def health(self) -> bool:
+        return not self._closed and self._scheduler.alive
+
+    async def close(self) -> None:
+        """Stop serving; calls in flight fail with ``EngineUnavailable`` rather than hang."""
+        if self._closed:
+            return
+        self._closed = True
+        self._scheduler.stop(EngineUnavailable("the hf engine was closed"))
+        await asyncio.to_thread(self._scheduler.join, 60)
+
+    # -- extras -----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Counters for dashboards and benchmarks."""
+        s = self._scheduler
+        return {
+            "load": s.load,
+            "steps": s.steps,
+            "generated_tokens": s.generated_tokens,
+            "prefix_cache_hits": s.prefix_cache.hits,
+            "prefix_cache_reused_tokens": s.prefix_cache.reused_tokens,
+            "weights_version": s.version,
+        }

@@ -1,0 +1,325 @@
+"""The engine's worker thread: admits requests, steps every active sequence together.
+
+All model work happens on this one thread, so the asyncio loop that calls the engine (and
+the proxy server sharing it) never waits on a forward pass. Requests arrive through
+``submit`` with a ``concurrent.futures.Future`` each; results and errors go back through
+those futures. A weight update waits until the running sequences finish (new ones are
+held back meanwhile), swaps the weights, bumps the version, and lets the held ones in:
+a generation never spans two versions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import attrs
+import structlog
+import torch
+
+from slr.contracts import EngineUnavailable, Generation, SamplingParams
+from slr_engine_hf.batch import KV, Batch, prefill
+from slr_engine_hf.sampling import new_generator, sample_rows
+
+log = structlog.get_logger()
+
+
+@attrs.define(kw_only=True, eq=False)
+class Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    session_id: str | None
+    future: Future
+    generator: torch.Generator = attrs.field(init=False)
+    tokens: list[int] = attrs.Factory(list)
+    logprobs: list[float] = attrs.Factory(list)
+    version: int = 0
+    stop_text_tokens: int = 0  # how many trailing tokens to decode when checking stop strings
+
+    def __attrs_post_init__(self) -> None:
+        self.generator = new_generator(self.sampling.seed)
+        longest = max((len(s) for s in self.sampling.stop), default=0)
+        self.stop_text_tokens = longest + 2 if longest else 0
+
+
+@attrs.define(kw_only=True, eq=False)
+class _Update:
+    state_dict: Mapping[str, Any]
+    version: int | None
+    future: Future
+
+
+class PrefixCache:
+    """Per-session KV of the last finished call, so the next call re-runs only what's new."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self._entries: OrderedDict[str, tuple[list[int], KV]] = OrderedDict()
+        self._tokens = 0
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def take(self, session_id: str | None, prompt: list[int]) -> tuple[KV | None, int]:
+        """The cached KV for the longest common prefix with ``prompt``, and its length."""
+        if session_id is None or session_id not in self._entries:
+            return None, 0
+        tokens, kv = self._entries.pop(session_id)
+        self._tokens -= len(tokens)
+        n = 0
+        for a, b in zip(tokens, prompt, strict=False):
+            if a != b:
+                break
+            n += 1
+        n = min(n, len(prompt) - 1)  # at least one prompt token must run to get logits
+        if n <= 0:
+            return None, 0
+        self.hits += 1
+        self.reused_tokens += n
+        return kv, n
+
+    def put(self, session_id: str | None, tokens: list[int], kv: KV) -> None:
+        if session_id is None or self.max_tokens <= 0 or len(tokens) > self.max_tokens:
+            return
+        if session_id in self._entries:
+            self._tokens -= len(self._entries.pop(session_id)[0])
+        self._entries[session_id] = (tokens, kv)
+        self._tokens += len(tokens)
+        while self._tokens > self.max_tokens:
+            _, (old, _) = self._entries.popitem(last=False)
+            self._tokens -= len(old)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._tokens = 0
+
+
+class Scheduler(threading.Thread):
+    """Continuous batching over one model. Thread-safe ``submit`` / ``update`` / ``stop``."""
+
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        max_batch: int,
+        max_context: int,
+        eos_token_ids: set[int],
+        prefix_cache_tokens: int,
+        name: str = "slr-engine-hf",
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch = max_batch
+        self.max_context = max_context
+        self.eos_token_ids = eos_token_ids
+        self.version = 0
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self._cond = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._updates: deque[_Update] = deque()
+        self._rows: list[Request] = []
+        self._batch = Batch()
+        self._error: BaseException | None = None
+        self.steps = 0
+        self.generated_tokens = 0
+
+    # -- called from other threads ------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        with self._cond:
+            if self._error is not None:
+                raise EngineUnavailable(str(self._error))
+            self._waiting.append(request)
+            self._cond.notify()
+
+    def update(self, state_dict: Mapping[str, Any], version: int | None) -> Future:
+        future: Future = Future()
+        with self._cond:
+            if self._error is not None:
+                raise EngineUnavailable(str(self._error))
+            self._updates.append(_Update(state_dict=state_dict, version=version, future=future))
+            self._cond.notify()
+        return future
+
+    def stop(self, error: BaseException) -> None:
+        """Fail everything pending and in flight with ``error`` and end the thread."""
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify()
+
+    @property
+    def alive(self) -> bool:
+        return self.is_alive() and self._error is None
+
+    @property
+    def load(self) -> int:
+        with self._cond:
+            return len(self._rows) + len(self._waiting)
+
+    # -- the worker thread --------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._error or self._waiting or self._rows or self._updates):
+                        self._cond.wait()
+                    if self._error is not None:
+                        break
+                    admit = []
+                    if not self._updates:  # hold new requests back while an update waits
+                        while self._waiting and len(self._rows) + len(admit) < self.max_batch:
+                            admit.append(self._waiting.popleft())
+                    update = self._updates.popleft() if self._updates and not self._rows else None
+                if update is not None:
+                    self._apply_update(update)
+                    continue
+                self._drop_cancelled()
+                for request in admit:
+                    self._admit(request)
+                if self._rows:
+                    self._decode_step()
+        except BaseException as exc:  # a bug or a dead device: nothing may hang on it
+            log.exception("engine worker crashed")
+            with self._cond:
+                self._error = self._error or exc
+        finally:
+            self._fail_all()
+
+    def _fail_all(self) -> None:
+        with self._cond:
+            error = self._error
+            pending = [*self._rows, *self._waiting]
+            updates = list(self._updates)
+            self._rows, self._waiting, self._updates = [], deque(), deque()
+        exc = (
+            error
+            if isinstance(error, EngineUnavailable)
+            else EngineUnavailable(f"engine stopped: {error!r}")
+        )
+        for item in [*pending, *updates]:
+            if not item.future.done():
+                item.future.set_exception(exc)
+        self._batch = Batch()
+        self.prefix_cache.clear()
+
+    def _apply_update(self, update: _Update) -> None:
+        if update.future.set_running_or_notify_cancel() is False:
+            return
+        try:
+            model_state = self.model.state_dict()
+            unknown = [k for k in update.state_dict if k not in model_state]
+            if unknown:
+                raise KeyError(
+                    f"update_weights got {len(unknown)} names the model does not have, e.g. "
+                    f"{unknown[:3]}; send the policy's own state_dict names"
+                )
+            with torch.no_grad():
+                for name, value in update.state_dict.items():
+                    target = model_state[name]
+                    if tuple(value.shape) != tuple(target.shape):
+                        raise ValueError(
+                            f"update_weights: {name} has shape {tuple(value.shape)}, the model "
+                            f"expects {tuple(target.shape)}"
+                        )
+                    target.copy_(value.to(device=target.device, dtype=target.dtype))
+            self.version = update.version if update.version is not None else self.version + 1
+            self.prefix_cache.clear()  # cached keys/values belong to the old weights
+            update.future.set_result(self.version)
+        except BaseException as exc:
+            update.future.set_exception(exc)
+
+    def _drop_cancelled(self) -> None:
+        keep = [i for i, r in enumerate(self._rows) if not r.future.cancelled()]
+        if len(keep) != len(self._rows):
+            self._rows = [self._rows[i] for i in keep]
+            self._batch.keep(keep)
+
+    def _admit(self, request: Request) -> None:
+        if not request.future.set_running_or_notify_cancel():
+            return
+        try:
+            request.version = self.version
+            prefix, reused = self.prefix_cache.take(request.session_id, request.prompt)
+            logits, kv = prefill(self.model, request.prompt, prefix, reused)
+            token, lp = sample_rows(logits.unsqueeze(0), [request.sampling], [request.generator])
+        except BaseException as exc:
+            request.future.set_exception(exc)
+            return
+        self._batch.add(kv)
+        self._rows.append(request)
+        reason = self._record(request, token[0], lp[0])
+        if reason is not None:
+            self._retire({len(self._rows) - 1: reason})
+
+    def _decode_step(self) -> None:
+        rows = self._rows
+        next_tokens = [r.tokens[-1] for r in rows]
+        positions = [len(r.prompt) + len(r.tokens) - 1 for r in rows]
+        try:
+            logits = self._batch.step(self.model, next_tokens, positions)
+            tokens, lps = sample_rows(
+                logits, [r.sampling for r in rows], [r.generator for r in rows]
+            )
+        except Exception as exc:
+            for r in rows:
+                if not r.future.done():
+                    r.future.set_exception(exc)
+            self._rows, self._batch = [], Batch()
+            return
+        self.steps += 1
+        finished = {}
+        for i, (request, tok, lp) in enumerate(zip(rows, tokens, lps, strict=True)):
+            reason = self._record(request, tok, lp)
+            if reason is not None:
+                finished[i] = reason
+        if finished:
+            self._retire(finished)
+
+    def _record(self, request: Request, token: int, logprob: float) -> str | None:
+        request.tokens.append(token)
+        request.logprobs.append(logprob)
+        self.generated_tokens += 1
+        return self._finish_reason(request, token)
+
+    def _retire(self, finished: dict[int, str]) -> None:
+        """Hand finished rows their Generation, keep their KV for the session, drop them."""
+        for row, reason in finished.items():
+            request = self._rows[row]
+            # The KV holds the prompt and every generated token but the last (never fed).
+            cached = [*request.prompt, *request.tokens[:-1]]
+            if request.session_id is not None:
+                self.prefix_cache.put(
+                    request.session_id, cached, self._batch.row_kv(row, len(cached))
+                )
+            if not request.future.done():
+                request.future.set_result(
+                    Generation(
+                        token_ids=request.tokens,
+                        logprobs=request.logprobs,
+                        finish_reason=reason,
+                        weights_version=request.version,
+                        prompt_tokens=len(request.prompt),
+                    )
+                )
+        keep = [i for i in range(len(self._rows)) if i not in finished]
+        self._rows = [self._rows[i] for i in keep]
+        self._batch.keep(keep)
+
+    def _finish_reason(self, request: Request, token: int) -> str | None:
+        if token in self.eos_token_ids or token in request.sampling.stop_token_ids:
+            return "stop"
+        if request.stop_text_tokens:
+            tail = self.tokenizer.decode(request.tokens[-request.stop_text_tokens :])
+            if any(s in tail for s in request.sampling.stop):
+                return "stop"
+        if len(request.tokens) >= request.sampling.max_tokens:
+            return "length"
+        if len(request.prompt) + len(request.tokens) >= self.max_context:
+            return "length"
+        return None

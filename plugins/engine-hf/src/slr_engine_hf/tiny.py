@@ -1,0 +1,186 @@
+"""Tiny real models for tests: random weights, the SmolLM2 tokenizer and chat template.
+
+Other packages' tests need a model that generates real tokens through the real engine,
+fast, and sometimes says something specific (a tool call, a bash block). ``tiny_model``
+builds one in a second; ``teach`` trains it for a few seconds on CPU until it emits the
+given completions for the given prompts (greedily, and at temperature 1 with every
+token above 99.99% probability; tests that need exact text sample greedily or seeded). ``save`` writes a folder ``HfEngine`` loads like any other model.
+
+    model, tokenizer = tiny_model()
+    prompt = chat_prompt(tokenizer, [{"role": "user", "content": "list files"}])
+    teach(model, tokenizer, [(prompt, "```bash\\nls\\n```")])
+    engine = HfEngine.from_model(model, tokenizer)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from filelock import FileLock
+
+from slr_engine_hf.config import DEFAULT_MODEL
+from slr_engine_hf.models import PACKAGED, cache_dir, packaged_gguf
+
+Architecture = Literal["qwen2", "qwen3_moe", "mixtral"]
+
+
+def tokenizer(name: str = DEFAULT_MODEL) -> Any:
+    """The packaged model's tokenizer (with its chat template), cached on first use."""
+    from transformers import AutoTokenizer
+
+    full = cache_dir() / "models" / name
+    if (full / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(full))
+    folder = cache_dir() / "models" / f"{name}-tokenizer"
+    if not (folder / "tokenizer.json").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder) + ".lock"):
+            if not (folder / "tokenizer.json").is_file():
+                gguf = packaged_gguf(name) if name in PACKAGED else Path(name)
+                tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+                tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+                tok.save_pretrained(tmp)
+                os.replace(tmp, folder)
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def tiny_model(
+    architecture: Architecture = "qwen2",
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    experts: int = 4,
+    experts_per_token: int = 2,
+    max_context: int = 2048,
+    seed: int = 0,
+    tok: Any | None = None,
+) -> tuple[torch.nn.Module, Any]:
+    """A randomly initialised causal LM of ``architecture`` and the SmolLM2 tokenizer.
+
+    ``qwen3_moe`` and ``mixtral`` build mixture-of-experts models (``experts`` experts,
+    ``experts_per_token`` routed per token) for routing-capture tests.
+    """
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2Config, Qwen3MoeConfig
+
+    tok = tok if tok is not None else tokenizer()
+    common = dict(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_context,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    if architecture == "qwen2":
+        config = Qwen2Config(**common)
+    elif architecture == "qwen3_moe":
+        config = Qwen3MoeConfig(
+            **common,
+            head_dim=hidden // heads,
+            moe_intermediate_size=hidden,
+            num_experts=experts,
+            num_experts_per_tok=experts_per_token,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+        )
+    elif architecture == "mixtral":
+        config = MixtralConfig(
+            **common, num_local_experts=experts, num_experts_per_tok=experts_per_token
+        )
+    else:
+        raise ValueError(
+            f"unknown tiny architecture {architecture!r}; use 'qwen2', 'qwen3_moe' or 'mixtral'"
+        )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.eval()
+    return model, tok
+
+
+def chat_prompt(tok: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+    """Token ids of ``messages`` rendered with the chat template, ready for the reply."""
+    out = tok.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
+    ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
+    return [int(t) for t in ids]
+
+
+def teach(
+    model: torch.nn.Module,
+    tok: Any,
+    examples: Sequence[tuple[Sequence[int], str | Sequence[int]]],
+    *,
+    steps: int = 300,
+    lr: float = 1e-2,
+    end_with_eos: bool = True,
+    max_token_loss: float = 1e-4,
+    seed: int = 0,
+) -> float:
+    """Train ``model`` to continue each prompt (token ids) with its completion.
+
+    A completion is text (tokenized without special tokens) or token ids; the EOS token is
+    appended unless ``end_with_eos`` is false. Training stops once every completion token's
+    loss is under ``max_token_loss`` (or after ``steps``). Returns the final mean token
+    loss. Seconds on CPU for a ``tiny_model``; the model is left in eval mode.
+    """
+    torch.manual_seed(seed)
+    rows, targets = [], []
+    for prompt, completion in examples:
+        done = (
+            tok.encode(completion, add_special_tokens=False)
+            if isinstance(completion, str)
+            else list(completion)
+        )
+        if end_with_eos:
+            done = [*done, tok.eos_token_id]
+        ids = [*prompt, *done]
+        rows.append(ids)
+        # the loss covers only the completion: label -100 elsewhere
+        targets.append([-100] * len(prompt) + done)
+    width = max(len(r) for r in rows)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    labels = torch.tensor([t + [-100] * (width - len(t)) for t in targets])
+    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    # Only completion positions need logits: run the decoder, then the head on those rows.
+    decoder = getattr(model, model.base_model_prefix)
+    where = labels[:, 1:] != -100
+    wanted = labels[:, 1:][where]
+    optim = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for _ in range(steps):
+        optim.zero_grad()
+        hidden = decoder(input_ids=input_ids, attention_mask=attention).last_hidden_state
+        logits = model.lm_head(hidden[:, :-1][where]).float()
+        per_token = torch.nn.functional.cross_entropy(logits, wanted, reduction="none")
+        loss = per_token.mean()
+        # stop once every completion token is near-certain, so sampling at T=1 repeats it
+        if per_token.max().item() < max_token_loss:
+            break
+        loss.backward()
+        optim.step()
+    model.eval()
+    return float(loss.item())
+
+
+def save(model: torch.nn.Module, tok: Any, folder: str | os.PathLike[str]) -> Path:
+    """Write a model folder that ``HfEngine(HfEngineConfig(model=str(folder)))`` loads."""
+    path = Path(folder)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    (path / "slr-model.json").write_text(json.dumps({"format": 1, "source": "tiny"}) + "\n")
+    return path
