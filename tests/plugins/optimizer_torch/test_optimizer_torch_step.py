@@ -274,16 +274,15 @@ def test_checkpoint_policy_folder_loads_as_a_model_and_incomplete_ones_are_refus
 
 
 def test_from_config_loads_the_model_folder_with_the_rollout_temperature(tmp_path):
-    from slr.config import load_config
+    from slr.config import Config, PluginChoice, RolloutSection
 
     tiny_causal_lm(seed=3).save_pretrained(tmp_path / "model")
-    cfg = load_config(
-        plugins=PluginManager(),
-        data={
-            "optimizer": {"name": "torch", "model": str(tmp_path / "model"), "lr": 1e-4},
-            "rollout": {"temperature": 0.8},
-            "algorithm": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-mean"},
-        },
+    options = TorchOptimizerConfig(model=str(tmp_path / "model"), lr=1e-4)
+    cfg = Config(
+        optimizer=PluginChoice(name="torch", options=options),
+        rollout=RolloutSection(temperature=0.8),
+        algorithm=AlgorithmSection(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean"),
+        **{s: PluginChoice(name="unused") for s in ("agent", "backend", "engine", "verifier")},
     )
     registration = PluginManager().get("optimizer", "torch")
     opt = registration.create(cfg.optimizer.options, config=cfg)

@@ -27,6 +27,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def resolve_model_name(name: str) -> str:
+    """The folder for an engine-side model name, so trainer and engine load the same weights.
+
+    With ``slr-engine-hf`` installed, its packaged names (``smollm2-135m-instruct``) and
+    ``.gguf`` files resolve to the folder it converts them into; anything else (a model
+    folder, a hub id) is passed to ``from_pretrained`` unchanged.
+    """
+    try:
+        from slr_engine_hf.models import PACKAGED, resolve
+    except ImportError:
+        return name
+    if name in PACKAGED or name.endswith(".gguf"):
+        return str(resolve(name))
+    return name
+
+
 def load_causal_lm(name_or_path: str, *, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """A Hugging Face causal LM from a folder (or hub id), in ``dtype`` on ``device``."""
     from transformers import AutoModelForCausalLM
@@ -38,6 +54,7 @@ def load_causal_lm(name_or_path: str, *, dtype: torch.dtype, device: torch.devic
             "the torch optimizer has no model to train: set [optimizer] model (a Hugging Face "
             "model folder), or [engine] model for the engine and optimizer together"
         )
+    name_or_path = resolve_model_name(name_or_path)
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
     except OSError as exc:
