@@ -161,7 +161,10 @@ class TorchOptimizer:
         metrics.update({k: float(v) for k, v in tb.stats.items()})
         self.steps += 1
         metrics["optimizer/steps"] = float(self.steps)
+        metrics["update/skipped"] = 0.0
         if tb.num_policy_tokens == 0:
+            # Nothing to learn from (all excluded, dropped or empty): no update, but the
+            # step counts, so checkpoints and metrics stay aligned with the loop's steps.
             metrics["update/skipped"] = 1.0
             metrics["optimizer/updates"] = float(self.updates)
             return metrics
