@@ -307,3 +307,24 @@ def test_the_readme_documents_every_option():
     for field in attrs.fields(TorchOptimizerConfig):
         assert f"| `{field.name}` |" in readme, field.name
         assert field.metadata["doc"] in readme, field.name
+
+
+def test_rollout_logprobs_as_the_ratio_denominator_engage_the_clip():
+    """old_logprobs = rollout: off-policy tokens (here: sampled hotter) are ratio-clipped."""
+    model = tiny_causal_lm(init_std=0.3)
+    trials = _trials(model, temperature=0.5)
+    recompute = _optimizer(model, temperature=1.0).step(trials)
+    rollout = _optimizer(model, temperature=1.0, old_logprobs="rollout").step(trials)
+    assert recompute["actor/pg_clipfrac"] == 0.0 and recompute["actor/ppo_kl"] == 0.0
+    assert rollout["actor/pg_clipfrac"] > 0.05
+    assert rollout["actor/ppo_kl"] != 0.0
+
+
+def test_gradient_checkpointing_gives_the_same_update():
+    trials = _trials(tiny_causal_lm(), temperature=1.0)
+    plain = _optimizer()
+    checkpointed = _optimizer(gradient_checkpointing=True)
+    plain.step(trials)
+    checkpointed.step(trials)
+    for a, b in zip(plain.model.parameters(), checkpointed.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
