@@ -18,8 +18,8 @@ from slr.config import option
 class TorchOptimizerConfig:
     model: str = option(
         "",
-        doc="Hugging Face model folder (or hub id) to train; empty: the model the engine serves "
-        "([engine] model).",
+        doc="Model to train: a Hugging Face model folder (or hub id), or a name the hf engine "
+        "resolves (smollm2-135m-instruct, a .gguf file); empty: the engine's [engine] model.",
     )
     ref_model: str = option(
         "",
