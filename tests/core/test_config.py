@@ -12,6 +12,7 @@ from slr import hookimpl
 from slr.config import CORE_SECTIONS, PluginChoice, load_config, option, parse_set
 from slr.config.docs import render_reference
 from slr.errors import ConfigError, UnknownPluginError
+from slr.plugins import PluginManager
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,9 +50,12 @@ class Defaults:
 
 
 @pytest.fixture
-def plugins(slr_plugins):
-    slr_plugins.register(Defaults(), name="defaults", distribution="slr-defaults")
-    return slr_plugins.manager
+def plugins():
+    # Only the fakes: installed plugins (slr-engine-hf, slr-optimizer-torch, ...) register the
+    # same default names, which would be a duplicate-registration error.
+    manager = PluginManager(load_entry_points=False)
+    manager.register_plugin(Defaults(), name="defaults", distribution="slr-defaults")
+    return manager
 
 
 def test_defaults_resolve(plugins):
