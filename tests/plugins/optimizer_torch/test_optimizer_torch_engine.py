@@ -109,3 +109,37 @@ def test_the_default_config_trains_the_model_the_engine_serves():
     assert opt.options.model == cfg.engine.options.model
     assert opt.model.config.name_or_path == str(folder)
     assert sum(p.numel() for p in opt.model.parameters()) > 100_000_000
+
+
+def test_a_checkpoint_is_a_model_folder_the_engine_serves(tmp_path):
+    """policy/ carries the tokenizer and chat template, so evaluation can load a checkpoint."""
+    from slr_engine_hf.tiny import save
+
+    model, tok = tiny_model(seed=4)
+    source = save(model, tok, tmp_path / "source")
+    opt = TorchOptimizer(
+        TorchOptimizerConfig(model=str(source), lr=1e-2),
+        algorithm=AlgorithmSection(),
+        temperature=TEMPERATURE,
+    )
+
+    async def scenario():
+        engine = HfEngine.from_folder(source)
+        try:
+            trials, _ = await _rollout(engine, tok, n=2, seed=0, tag="a")
+        finally:
+            await engine.close()
+        opt.step(trials)
+        opt.save(tmp_path / "step-000001")
+        served = HfEngine.from_folder(tmp_path / "step-000001" / "policy")
+        try:
+            trials, _ = await _rollout(served, tok, n=2, seed=1, tag="b")
+        finally:
+            await served.close()
+        return trials
+
+    trials = asyncio.run(scenario())
+    assert (tmp_path / "step-000001" / "policy" / "tokenizer.json").is_file()
+    # the engine serves exactly the trained weights: the trainer agrees with its log-probs
+    metrics = opt.step(trials)
+    assert metrics["rollout/logprob_abs_diff_mean"] < 1e-4

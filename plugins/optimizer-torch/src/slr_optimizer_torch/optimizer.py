@@ -60,6 +60,7 @@ from slr_optimizer_torch.model import (
     hidden_size,
     load_causal_lm,
     resolve_device,
+    resolve_model_name,
     tokenizer_files,
 )
 from slr_optimizer_torch.verl_config import actor_config, algo_config, check_names
@@ -385,7 +386,7 @@ class TorchOptimizer:
         if policy.exists():
             shutil.rmtree(policy)
         self.model.save_pretrained(policy, safe_serialization=True)
-        for file in tokenizer_files(self.options.model):
+        for file in tokenizer_files(resolve_model_name(self.options.model)):
             if not (policy / file.name).exists():
                 shutil.copy2(file, policy / file.name)
         if self.value_head is not None:
