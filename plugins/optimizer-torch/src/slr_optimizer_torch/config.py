@@ -84,7 +84,7 @@ class TorchOptimizerConfig:
     cliprange_value: float = option(0.5, doc="gae only: verl's value clip range.")
     loss_scale_factor: int = option(
         0,
-        doc="seq-mean-token-sum-norm divisor (0: the step's longest sequence). Set it for a "
+        doc="seq-mean-token-sum-norm divisor (0: the mini-batch's longest row). Set it for a "
         "normalisation constant across steps.",
         validator=validators.ge(0),
     )
