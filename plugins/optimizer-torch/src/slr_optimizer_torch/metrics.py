@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -66,3 +68,39 @@ def logprob_agreement(
     if a.numel() > 1 and float(a.std()) > 0 and float(b.std()) > 0:
         out["rollout/logprob_pearson"] = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
     return out
+
+
+class Accumulator:
+    """Step metrics gathered over micro-batches and updates."""
+
+    def __init__(self) -> None:
+        self.weighted: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.sums: dict[str, float] = defaultdict(float)
+        self.tokens = 0
+        self.micro_batches = 0
+        self.updates = 0
+        self.nonfinite = 0
+        self.grad_norms: list[float] = []
+
+    def add_weighted(self, values: Mapping[str, Any], weight: int) -> None:
+        for key, value in values.items():
+            slot = self.weighted[key]
+            slot[0] += float(value) * weight
+            slot[1] += weight
+
+    def add_sum(self, key: str, value: float) -> None:
+        self.sums[key] += value
+
+    def result(self) -> dict[str, float]:
+        out = {k: s / w for k, (s, w) in self.weighted.items() if w > 0}
+        # Losses are normalised per mini-batch, so their micro-batch parts sum to the
+        # mini-batch loss; report the mean over updates.
+        out.update({k: v / max(self.updates, 1) for k, v in self.sums.items()})
+        out["update/count"] = float(self.updates)
+        out["update/micro_batches"] = float(self.micro_batches)
+        out["update/nonfinite_grad_skipped"] = float(self.nonfinite)
+        out["update/tokens"] = float(self.tokens)
+        if self.grad_norms:
+            out["actor/grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
+            out["actor/grad_norm_max"] = max(self.grad_norms)
+        return out

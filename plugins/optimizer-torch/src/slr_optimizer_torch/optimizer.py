@@ -30,28 +30,21 @@ metric both use them).
 from __future__ import annotations
 
 import copy
-import json
 import math
-import os
-import shutil
 import time
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 import torch
 from torch import nn
 
 from slr.config import AlgorithmSection, Config
-from slr.config.structure import unstructure
 from slr.contracts import TrialResult
-from slr.errors import UsageError
-from slr.runs import atomic_write
 from slr_optimizer_torch import batch as batching
+from slr_optimizer_torch import checkpoint
 from slr_optimizer_torch.config import TorchOptimizerConfig
-from slr_optimizer_torch.metrics import logprob_agreement, trial_metrics
+from slr_optimizer_torch.metrics import Accumulator, logprob_agreement, trial_metrics
 from slr_optimizer_torch.model import (
     DTYPES,
     Scorer,
@@ -60,12 +53,8 @@ from slr_optimizer_torch.model import (
     hidden_size,
     load_causal_lm,
     resolve_device,
-    resolve_model_name,
-    tokenizer_files,
 )
 from slr_optimizer_torch.verl_config import actor_config, algo_config, check_names
-
-COMPLETE = "COMPLETE"
 
 
 class TorchOptimizer:
@@ -201,7 +190,7 @@ class TorchOptimizer:
         else:
             old = pre.logprobs if pre is not None else None  # fused: the forward's own
 
-        acc = _Accumulator()
+        acc = Accumulator()
         fused_logprobs = torch.zeros_like(tb.response_mask) if fused else None
         t0 = time.perf_counter()
         for _ in range(opts.ppo_epochs):
@@ -269,7 +258,7 @@ class TorchOptimizer:
         old: torch.Tensor | None,
         ref_logprobs: torch.Tensor | None,
         values: torch.Tensor | None,
-        acc: _Accumulator,
+        acc: Accumulator,
         fused_logprobs: torch.Tensor | None,
     ) -> None:
         """One parameter update on ``rows``: accumulate micro-batch gradients, clip, step."""
@@ -373,125 +362,9 @@ class TorchOptimizer:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def save(self, path: Path) -> None:
-        """Write a checkpoint folder; ``COMPLETE`` is written last, after everything is synced.
-
-        ``policy/`` is a Hugging Face model folder (``from_pretrained`` loads it, tokenizer
-        files included when the source model had them); ``optimizer.pt``, ``rng.pt`` and
-        ``trainer_state.json`` hold the rest of the trainer's state.
-        """
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / COMPLETE).unlink(missing_ok=True)
-        policy = path / "policy"
-        if policy.exists():
-            shutil.rmtree(policy)
-        self.model.save_pretrained(policy, safe_serialization=True)
-        for file in tokenizer_files(resolve_model_name(self.options.model)):
-            if not (policy / file.name).exists():
-                shutil.copy2(file, policy / file.name)
-        if self.value_head is not None:
-            torch.save(self.value_head.state_dict(), path / "value_head.pt")
-        torch.save(self.optim.state_dict(), path / "optimizer.pt")
-        rng = {"torch": torch.get_rng_state(), "shuffle": self.generator.get_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, path / "rng.pt")
-        state = {
-            "steps": self.steps,
-            "updates": self.updates,
-            "temperature": self.temperature,
-            "algorithm": unstructure(self.algorithm),
-            "options": unstructure(self.options),
-        }
-        atomic_write(path / "trainer_state.json", json.dumps(state, indent=2, sort_keys=True))
-        _fsync_tree(path)
-        atomic_write(path / COMPLETE, f"step {self.steps}\n")
+        """Write a checkpoint folder (layout in ``checkpoint.py``); ``COMPLETE`` goes last."""
+        checkpoint.save(self, path)
 
     def load(self, path: Path) -> None:
         """Restore exactly what ``save`` wrote (refuses a checkpoint without ``COMPLETE``)."""
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        if not (path / COMPLETE).is_file():
-            raise UsageError(
-                f"checkpoint {str(path)!r} is incomplete (no {COMPLETE} marker): the process "
-                f"writing it was stopped. Resume from the previous checkpoint instead."
-            )
-        state: dict[str, torch.Tensor] = {}
-        for file in sorted((path / "policy").glob("*.safetensors")):
-            state.update(load_file(file, device=str(self.device)))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        untied = [k for k in missing if not _is_tied(self.model, k, state)]
-        if untied or unexpected:
-            raise UsageError(
-                f"checkpoint {str(path)!r} does not fit this model: missing {untied[:5]}, "
-                f"unexpected {list(unexpected)[:5]}. Was it written for another [optimizer] model?"
-            )
-        if self.value_head is not None:
-            self.value_head.load_state_dict(
-                torch.load(path / "value_head.pt", map_location=self.device, weights_only=True)
-            )
-        self.optim.load_state_dict(
-            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
-        )
-        rng = torch.load(path / "rng.pt", weights_only=True)
-        torch.set_rng_state(rng["torch"])
-        self.generator.set_state(rng["shuffle"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        saved = json.loads((path / "trainer_state.json").read_text())
-        self.steps, self.updates = int(saved["steps"]), int(saved["updates"])
-
-
-def _is_tied(model: nn.Module, key: str, loaded: Mapping[str, torch.Tensor]) -> bool:
-    """A key save_pretrained left out because it shares storage with a saved one."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    if key not in params:
-        return False
-    return any(other in loaded and params[other] is params[key] for other in params if other != key)
-
-
-def _fsync_tree(path: Path) -> None:
-    for root, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-class _Accumulator:
-    """Step metrics gathered over micro-batches and updates."""
-
-    def __init__(self) -> None:
-        self.weighted: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        self.sums: dict[str, float] = defaultdict(float)
-        self.tokens = 0
-        self.micro_batches = 0
-        self.updates = 0
-        self.nonfinite = 0
-        self.grad_norms: list[float] = []
-
-    def add_weighted(self, values: Mapping[str, Any], weight: int) -> None:
-        for key, value in values.items():
-            slot = self.weighted[key]
-            slot[0] += float(value) * weight
-            slot[1] += weight
-
-    def add_sum(self, key: str, value: float) -> None:
-        self.sums[key] += value
-
-    def result(self) -> dict[str, float]:
-        out = {k: s / w for k, (s, w) in self.weighted.items() if w > 0}
-        # Losses are normalised per mini-batch, so their micro-batch parts sum to the
-        # mini-batch loss; report the mean over updates.
-        out.update({k: v / max(self.updates, 1) for k, v in self.sums.items()})
-        out["update/count"] = float(self.updates)
-        out["update/micro_batches"] = float(self.micro_batches)
-        out["update/nonfinite_grad_skipped"] = float(self.nonfinite)
-        out["update/tokens"] = float(self.tokens)
-        if self.grad_norms:
-            out["actor/grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
-            out["actor/grad_norm_max"] = max(self.grad_norms)
-        return out
+        checkpoint.load(self, path)
