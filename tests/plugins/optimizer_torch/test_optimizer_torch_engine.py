@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 
+import attrs
 import pytest
 from slr_engine_hf.engine import HfEngine
 from slr_engine_hf.tiny import chat_prompt, tiny_model
@@ -47,7 +48,8 @@ async def _rollout(engine: HfEngine, tok, *, n: int, seed: int, tag: str):
             [0.0] * len(prompt) + list(gen.logprobs),
         )
         # alternating rewards, so every group carries signal and the weights move
-        trials.append(trial(f"{tag}{k}-{i}", f"{tag}{k}", [seg], float(i % 2)))
+        done = trial(f"{tag}{k}-{i}", f"{tag}{k}", [seg], float(i % 2))
+        trials.append(attrs.evolve(done, weights_version=gen.weights_version))
         versions.add(gen.weights_version)
     return trials, versions
 
@@ -85,6 +87,8 @@ def test_engine_logprobs_match_the_trainer_and_weight_sync_restores_agreement():
     assert first["rollout/logprob_abs_diff_mean"] < 1e-4
     assert stale["rollout/logprob_abs_diff_mean"] > 100 * first["rollout/logprob_abs_diff_mean"]
     assert version == 1 and versions == {1}
+    assert first["rollout/weights_version_max"] == 0
+    assert synced["rollout/weights_version_min"] == synced["rollout/weights_version_max"] == 1
     assert synced["rollout/logprob_pearson"] > 0.999
     assert synced["rollout/logprob_abs_diff_mean"] < 1e-4
 

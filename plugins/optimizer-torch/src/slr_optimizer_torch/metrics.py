@@ -41,6 +41,11 @@ def trial_metrics(trials: Sequence[TrialResult], *, pass_threshold: float) -> di
     out.update(_summary("response_length", lengths))
     segments = [float(len(t.trajectory.segments)) for t in scored if t.trajectory is not None]
     out.update(_summary("segments_per_trial", segments))
+    # Which policy versions produced the batch: max - min > 0 means off-policy trials.
+    versions = [float(t.weights_version) for t in scored if t.weights_version is not None]
+    if versions:
+        out["rollout/weights_version_min"] = min(versions)
+        out["rollout/weights_version_max"] = max(versions)
     return out
 
 
