@@ -13,13 +13,14 @@ from slr.contracts.records import (
     Trajectory,
     TrialResult,
 )
-from slr.contracts.sandbox import Sandbox, SandboxBackend, SandboxError
+from slr.contracts.sandbox import BrokenEnvironment, Sandbox, SandboxBackend, SandboxError
 from slr.contracts.serialize import from_dict, to_dict
 from slr.contracts.verifier import Verifier, VerifierError, VerifierTimeout
 
 __all__ = [
     "AgentAdapter",
     "AgentOutcome",
+    "BrokenEnvironment",
     "Bundle",
     "ContextOverflow",
     "Endpoint",

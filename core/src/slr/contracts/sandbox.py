@@ -41,6 +41,11 @@ class Sandbox(Protocol):
     async def stop(self) -> None:
         """Destroy the sandbox. Idempotent; always called."""
 
+    # Optional (looked up with getattr, so older sandboxes still conform):
+    #   async def end_processes(self) -> None
+    #       Kill every process still running in the sandbox; the trial runner calls it
+    #       between the agent and the verifier phase.
+
 
 @runtime_checkable
 class SandboxBackend(Protocol):
@@ -49,8 +54,19 @@ class SandboxBackend(Protocol):
     async def prepare(self, task: Any) -> None:
         """Build or fetch what ``start`` needs for this task (image build, cached by content)."""
 
-    async def start(self, task: Any, *, trial_id: str, labels: Mapping[str, str]) -> Sandbox:
-        """A fresh sandbox for one trial of ``task`` (a ``slr.tasks.Task``)."""
+    async def start(
+        self,
+        task: Any,
+        *,
+        trial_id: str,
+        labels: Mapping[str, str],
+        mounts: Mapping[Path, str] | None = None,
+    ) -> Sandbox:
+        """A fresh sandbox for one trial of ``task`` (a ``slr.tasks.Task``).
+
+        It starts in the agent phase's network mode, ``"proxy-only"``. ``mounts`` maps host
+        folders (an agent's bundle) to read-only paths inside the sandbox.
+        """
 
     async def cleanup_orphans(self) -> int:
         """Remove sandboxes left by crashed runs (found by label); returns how many."""
@@ -60,3 +76,14 @@ class SandboxBackend(Protocol):
 
 class SandboxError(RuntimeError):
     """The sandbox died or could not be made; the trial ends with ``sandbox_error``."""
+
+
+class BrokenEnvironment(SandboxError):
+    """The task's environment cannot be built (bad Dockerfile): the trial is ``broken_task``.
+
+    ``build_log`` holds the build output, for the person who fixes the task.
+    """
+
+    def __init__(self, message: str, *, build_log: str = "") -> None:
+        super().__init__(message)
+        self.build_log = build_log

@@ -1,0 +1,64 @@
+"""The ``oracle`` and ``nop`` agents (``slr.contracts.AgentAdapter``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from slr import __version__
+from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.tasks import SOLUTION_DIR
+
+BUNDLE = Path(__file__).with_name("bundle")
+
+
+class _NoModelAgent:
+    protocol = "openai"  # never used: these agents make no model calls
+    needs_model = False
+    """No proxy needed: ``slr eval`` / ``check-tasks`` run them with stand-in sessions."""
+
+    def bundle(self) -> Bundle:
+        """Nothing to install in the sandbox: an empty bundle."""
+        return Bundle(path=BUNDLE, version=__version__)
+
+
+class OracleAgent(_NoModelAgent):
+    """Runs the task's own ``solution/solve.sh``: the reference a task must score 1 with."""
+
+    accepts_task = True  # the trial runner passes ``task=``; the solution lives there
+
+    async def run(
+        self,
+        sandbox: Sandbox,
+        instruction: str,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float,
+        task: Any = None,
+    ) -> AgentOutcome:
+        if task is None or task.solution_dir is None:
+            where = getattr(task, "path", "the task")
+            raise RuntimeError(f"{where} has no solution/solve.sh for the oracle to run")
+        await sandbox.upload(task.solution_dir, SOLUTION_DIR)
+        await sandbox.exec(["chmod", "-R", "a+rX", SOLUTION_DIR], user="root", cwd="/")
+        res = await sandbox.exec(
+            ["bash", f"{SOLUTION_DIR}/solve.sh"],
+            timeout_s=timeout_s,
+            user=task.agent.user,
+            env=task.solution_env,
+        )
+        await sandbox.exec(["rm", "-rf", SOLUTION_DIR], user="root", cwd="/")
+        return AgentOutcome(
+            exit_code=res.exit_code,
+            timed_out=res.timed_out,
+            logs={"solve.stdout": res.stdout, "solve.stderr": res.stderr},
+        )
+
+
+class NopAgent(_NoModelAgent):
+    """Does nothing: a sound task scores 0 with it."""
+
+    async def run(
+        self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
+    ) -> AgentOutcome:
+        return AgentOutcome(exit_code=0)

@@ -1,0 +1,223 @@
+"""``slr check-tasks`` and ``slr eval``: run tasks end to end without a model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from slr import log as slr_log
+from slr.config import parse_set
+from slr.config.structure import structure
+from slr.contracts import TrialResult, to_dict
+from slr.errors import UsageError
+from slr.plugins import get_plugin_manager
+from slr.tasks import load_tasks
+from slr.trial import StandInSessions, run_trial, run_trials
+
+
+def make_plugin(kind: str, name: str, options: tuple[str, ...] = ()) -> Any:
+    """An instance of plugin ``name`` with its config class's defaults plus ``KEY=VALUE``s."""
+    reg = get_plugin_manager().get(kind, name)
+    factory = reg.load()
+    raw: dict[str, Any] = {}
+    for item in options:
+        keys, value = parse_set(item)
+        raw[".".join(keys)] = value
+    if reg.config_cls is None:
+        if raw:
+            raise UsageError(f"{kind} {name!r} takes no options, got {', '.join(raw)}")
+        return factory()
+    return factory(structure(raw, reg.config_cls, path=name))
+
+
+def _common(fn):
+    for deco in reversed(
+        [
+            click.option(
+                "--backend", default="docker", show_default=True, help="Sandbox backend plugin."
+            ),
+            click.option(
+                "--backend-opt",
+                "backend_opts",
+                multiple=True,
+                metavar="KEY=VALUE",
+                help="A backend option, e.g. --backend-opt isolation=bubblewrap (repeatable).",
+            ),
+            click.option(
+                "--verifier", default="harbor", show_default=True, help="Verifier plugin."
+            ),
+            click.option(
+                "-j", "--concurrency", default=4, show_default=True, help="Trials at once."
+            ),
+            click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table."),
+        ]
+    ):
+        fn = deco(fn)
+    return fn
+
+
+async def _run_all(tasks, agents: dict[str, Any], k: int, backend, verifier, concurrency):
+    await backend.cleanup_orphans()
+    sessions = StandInSessions()
+    jobs = [
+        (
+            lambda t=t, a=a, name=name: run_trial(
+                t,
+                backend=backend,
+                agent=a,
+                verifier=verifier,
+                session_factory=sessions,
+                agent_name=name,
+            )
+        )
+        for t in tasks
+        for name, a in agents.items()
+        for _ in range(k)
+    ]
+    try:
+        return await run_trials(jobs, concurrency=concurrency)
+    finally:
+        await backend.close()
+
+
+def _cell(results: list[TrialResult]) -> str:
+    parts = []
+    for r in results:
+        parts.append(f"{r.reward.value:g}" if r.reward is not None else "-")
+    terms = Counter(str(r.termination) for r in results)
+    text = " ".join(parts)
+    odd = {t: n for t, n in terms.items() if t != "completed"}
+    if odd:
+        text += " (" + ", ".join(f"{t}×{n}" if n > 1 else t for t, n in odd.items()) + ")"
+    return text
+
+
+@click.command("check-tasks")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@_common
+def check_tasks(paths, backend, backend_opts, verifier, concurrency, as_json) -> None:
+    """Validate Harbor tasks: the oracle must score 1 and nop must score 0.
+
+    \b
+    PATHS are task folders, folders of tasks, or .parquet task indexes.
+      slr check-tasks examples/tasks --backend docker
+    Exits 1 when any task fails the check (broken build, oracle below 1, nop above 0).
+    """
+    slr_log.configure(level="info")
+    tasks = [t for p in paths for t in load_tasks(p)]
+    from slr_adapter_oracle.agents import NopAgent, OracleAgent
+
+    results = asyncio.run(
+        _run_all(
+            tasks,
+            {"oracle": OracleAgent(), "nop": NopAgent()},
+            1,
+            make_plugin("sandbox_backend", backend, backend_opts),
+            make_plugin("verifier", verifier),
+            concurrency,
+        )
+    )
+    by: dict[tuple[str, str], list[TrialResult]] = defaultdict(list)
+    for r in results:
+        by[(r.task_id, r.agent or "")].append(r)
+    rows, bad = [], 0
+    for t in tasks:
+        oracle, nop = by[(t.id, "oracle")], by[(t.id, "nop")]
+        ok = all(
+            r.reward is not None and r.reward.value == 1.0 and str(r.termination) == "completed"
+            for r in oracle
+        ) and all(r.reward is not None and r.reward.value == 0.0 for r in nop)
+        bad += not ok
+        errors = "; ".join(r.error for r in oracle + nop if r.error)
+        rows.append((t.id, _cell(oracle), _cell(nop), "ok" if ok else "FAIL", errors))
+    if as_json:
+        click.echo(json.dumps([to_dict(r) for r in results], indent=2, default=str))
+    else:
+        table = Table("task", "oracle", "nop", "check", "error", title=f"tasks on {backend}")
+        for row in rows:
+            table.add_row(
+                *row[:3],
+                f"[green]{row[3]}[/]" if row[3] == "ok" else f"[red]{row[3]}[/]",
+                row[4][:300],
+            )
+        Console().print(table)
+    if bad:
+        raise SystemExit(1)
+
+
+@click.command("eval")
+@click.option("--agent", required=True, help="Agent plugin, e.g. oracle or nop.")
+@click.option(
+    "--tasks",
+    "tasks_path",
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="A task folder, a folder of tasks, or a .parquet index.",
+)
+@click.option("-k", default=1, show_default=True, help="Trials per task.")
+@click.option(
+    "--runs-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+    help="Each eval is recorded as a run directory under this folder.",
+)
+@_common
+def eval_(agent, tasks_path, k, runs_dir, backend, backend_opts, verifier, concurrency, as_json):
+    """Run an agent on tasks k times and print each task's rewards and terminations.
+
+    \b
+      slr eval --agent oracle --backend docker --tasks examples/tasks
+    This build runs agents that call no model (oracle, nop); agents that need the policy
+    run through `slr run`, which starts the proxy and the engine.
+    """
+    from slr.runs import RunDir
+
+    slr_log.configure(level="info")
+    adapter = make_plugin("agent", agent)
+    if getattr(adapter, "needs_model", True):
+        raise UsageError(
+            f"agent {agent!r} calls a model; `slr eval` runs only agents that do not (oracle, "
+            f"nop) until the proxy lands. Use `slr run` to roll it out."
+        )
+    tasks = load_tasks(tasks_path)
+    run = RunDir.create(
+        runs_dir,
+        "eval",
+        f'[eval]\nagent = "{agent}"\nbackend = "{backend}"\ntasks = "{tasks_path}"\nk = {k}\n',
+    )
+    results = asyncio.run(
+        _run_all(
+            tasks,
+            {agent: adapter},
+            k,
+            make_plugin("sandbox_backend", backend, backend_opts),
+            make_plugin("verifier", verifier),
+            concurrency,
+        )
+    )
+    for r in results:
+        run.write_trial(r)
+    run.close()
+    by: dict[str, list[TrialResult]] = defaultdict(list)
+    for r in results:
+        by[r.task_id].append(r)
+    if as_json:
+        click.echo(json.dumps([to_dict(r) for r in results], indent=2, default=str))
+        return
+    table = Table("task", "rewards", "mean", "terminations", title=f"{agent} on {backend}")
+    for t in tasks:
+        rs = by[t.id]
+        scored = [r.reward.value for r in rs if r.reward is not None]
+        mean = f"{sum(scored) / len(scored):.2f}" if scored else "-"
+        terms = ", ".join(f"{n}×{t}" for t, n in Counter(str(r.termination) for r in rs).items())
+        table.add_row(t.id, _cell(rs).split(" (")[0], mean, terms)
+    Console().print(table)
+    click.echo(f"recorded in {run.path}")

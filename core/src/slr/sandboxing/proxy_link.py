@@ -1,0 +1,132 @@
+"""The host end of the proxy link: a unix socket that forwards to the proxy's TCP address.
+
+Why a unix socket: a sandbox in its own network namespace (docker ``--network none``,
+bubblewrap ``--unshare-net``) reaches nothing at all over IP, not the host, not the LAN, not
+other containers. The only way out is a file: the per-trial socket folder, bind-mounted into
+the sandbox, where ``relay.py`` (inside) turns it back into ``127.0.0.1:PORT``. The host end
+connects only to the one proxy address the trial registered, so the agent reaches the proxy
+and nothing else. Closing the link (before the verifier phase) cuts even that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import tempfile
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import structlog
+
+log = structlog.get_logger()
+
+RELAY_SCRIPT = Path(__file__).with_name("relay.py")
+SOCKET_NAME = "proxy.sock"
+
+
+def inner_proxy_url(host_url: str, port: int) -> tuple[str, tuple[str, int]]:
+    """(the URL as seen inside the sandbox, the (host, port) the host end must dial)."""
+    parts = urlsplit(host_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"proxy URL {host_url!r} is not an http(s) URL with a host")
+    target = (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    inner = urlunsplit((parts.scheme, f"127.0.0.1:{port}", parts.path, parts.query, ""))
+    return inner, target
+
+
+class ProxyLink:
+    """One trial's link: a folder holding ``relay.py`` and ``proxy.sock``, to bind-mount.
+
+    The host end runs on its own threads, not on the caller's event loop, so a sandbox may
+    be driven from several loops (tests) and a busy loop never stalls the agent's traffic.
+    """
+
+    def __init__(self, *, parent: str | None = None) -> None:
+        # Short names: a unix socket path must stay under ~108 bytes.
+        self.dir = Path(tempfile.mkdtemp(prefix="slr-", dir=parent))
+        self.dir.chmod(0o755)
+        shutil.copy(RELAY_SCRIPT, self.dir / "relay.py")
+        self.socket_path = self.dir / SOCKET_NAME
+        self._target: tuple[str, int] | None = None
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(self.socket_path))
+        self.socket_path.chmod(0o777)  # any sandbox user may dial the proxy
+        listener.listen(128)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def set_target(self, host: str, port: int) -> None:
+        self._target = (host, port)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        target = self._target
+        if target is None:
+            conn.close()
+            return
+        try:
+            up = socket.create_connection(target, timeout=10)
+            up.settimeout(None)
+        except OSError as exc:
+            log.warning("proxy link: proxy unreachable", target=target, error=str(exc))
+            conn.close()
+            return
+        with self._lock:
+            if self._listener is None:  # closed meanwhile
+                conn.close()
+                up.close()
+                return
+            self._open.update((conn, up))
+        t = threading.Thread(target=_pipe, args=(up, conn), daemon=True)
+        t.start()
+        _pipe(conn, up)
+        t.join()
+        with self._lock:
+            self._open.difference_update((conn, up))
+        conn.close()
+        up.close()
+
+    def close(self) -> None:
+        """Stop forwarding and cut open connections (idempotent)."""
+        self._target = None
+        with self._lock:
+            listener, self._listener = self._listener, None
+            open_now = list(self._open)
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for s in open_now:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        self.socket_path.unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        self.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+            with contextlib.suppress(OSError):
+                s.shutdown(how)

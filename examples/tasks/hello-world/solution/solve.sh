@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+echo hello > /app/hello.txt

@@ -1,0 +1,37 @@
+"""slr-backend-docker: one Docker container per trial, local or remote daemon."""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+import slr
+from slr.config import option
+
+
+@frozen(kw_only=True)
+class DockerBackendConfig:
+    base_url: str | None = option(
+        None, doc="Docker daemon URL (e.g. unix:///var/run/docker.sock); default: DOCKER_HOST."
+    )
+    image_prefix: str = option("slr-task", doc="Repository prefix of the per-task images.")
+    proxy_port: int = option(
+        47110, doc="Port on the sandbox's loopback where the agent reaches the proxy."
+    )
+    pids_limit: int = option(4096, doc="Most processes one sandbox may hold (fork-bomb guard).")
+    socket_dir: str | None = option(
+        None,
+        doc="Host folder for the per-trial proxy sockets (must be visible to the daemon); "
+        "default: a temporary folder.",
+    )
+
+
+@slr.hookimpl
+def register_sandbox_backends(register):
+    register("docker", "slr_backend_docker.backend:DockerBackend", config_cls=DockerBackendConfig)
+
+
+@slr.hookimpl
+def register_commands(cli):
+    from slr_backend_docker.commands import images
+
+    cli.add_command(images)

@@ -1,0 +1,291 @@
+"""The docker backend: images per task (cached by content hash), one container per trial.
+
+Networking: every container starts with ``--network none`` — only its own loopback. The
+agent reaches the proxy through a relay (``slr.sandboxing.relay``, the container's PID 1)
+that listens on ``127.0.0.1:<proxy_port>`` and forwards to a unix socket bind-mounted from
+the host (``slr.sandboxing.ProxyLink``). Nothing else, host or LAN or other containers, can
+be reached. For the verifier phase the link is cut, and a task that allows internet access
+is moved onto docker's default bridge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import re
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from slr.contracts import BrokenEnvironment, SandboxError
+from slr.sandboxing import ProxyLink
+from slr_backend_docker import DockerBackendConfig
+from slr_backend_docker.client import connect
+from slr_backend_docker.sandbox import DockerSandbox
+
+log = structlog.get_logger()
+
+LABEL_SANDBOX = "slr.sandbox"
+LABEL_OWNER_HOST = "slr.owner_host"
+LABEL_OWNER_PID = "slr.owner_pid"
+LABEL_TRIAL = "slr.trial_id"
+LABEL_TASK = "slr.task_id"
+LABEL_HASH = "slr.content_hash"
+LINK_MOUNT = "/run/slr"
+
+
+def _repo_name(prefix: str, task_id: str) -> str:
+    return f"{prefix}-" + (re.sub(r"[^a-z0-9._-]+", "-", task_id.lower()).strip("-._") or "task")
+
+
+class DockerBackend:
+    """``SandboxBackend`` on a docker daemon (local socket or ``DOCKER_HOST``)."""
+
+    def __init__(self, config: DockerBackendConfig | None = None) -> None:
+        self.config = config or DockerBackendConfig()
+        self._client: Any = None
+        # The SDK blocks; each exec holds a thread for its whole run, so the default
+        # executor (cores + 4) would starve eight concurrent agents.
+        self._pool = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="slr-docker")
+        self._build_locks: dict[str, asyncio.Lock] = {}
+        self._build_failures: dict[str, BrokenEnvironment] = {}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = connect(self.config.base_url)
+        return self._client
+
+    async def _call(self, fn, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    # -- images --------------------------------------------------------------------------
+
+    def image_tag(self, task: Any) -> str:
+        env = task.environment
+        if env.docker_image:
+            return env.docker_image
+        return f"{_repo_name(self.config.image_prefix, task.id)}:{env.content_hash[:16]}"
+
+    async def prepare(self, task: Any) -> None:
+        """Build the task's image unless an image with its content hash exists."""
+        tag = self.image_tag(task)
+        if tag in self._build_failures:
+            raise self._build_failures[tag]
+        lock = self._build_locks.setdefault(tag, asyncio.Lock())
+        async with lock:
+            if await self._call(self._image_exists, tag):
+                return
+            if task.environment.docker_image:
+                raise BrokenEnvironment(
+                    f"task {task.id}: image {tag!r} (environment.docker_image) is not on the "
+                    f"daemon and slr does not pull; load it first (docker load / docker pull)"
+                )
+            try:
+                await asyncio.wait_for(
+                    self._call(self._build, task, tag), timeout=task.environment.build_timeout_s
+                )
+            except TimeoutError:
+                raise BrokenEnvironment(
+                    f"task {task.id}: image build ran past environment.build_timeout_sec = "
+                    f"{task.environment.build_timeout_s:g}s"
+                ) from None
+            except BrokenEnvironment as exc:
+                self._build_failures[tag] = exc
+                raise
+
+    def _image_exists(self, tag: str) -> bool:
+        import docker.errors
+
+        try:
+            self.client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"docker daemon error looking up image {tag}: {exc}") from exc
+        return True
+
+    def _build(self, task: Any, tag: str) -> None:
+        import docker.errors
+
+        env = task.environment
+        bound = log.bind(task_id=task.id, image=tag)
+        bound.info("building image", context=str(env.path))
+        lines: list[str] = []
+        error: str | None = None
+        try:
+            stream = self.client.api.build(
+                path=str(env.path),
+                dockerfile=env.dockerfile.name,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                decode=True,
+                labels={LABEL_TASK: task.id, LABEL_HASH: env.content_hash},
+            )
+            for chunk in stream:
+                if "stream" in chunk:
+                    for line in chunk["stream"].splitlines():
+                        if line.strip():
+                            lines.append(line)
+                            # Step lines are the progress a person wants to see.
+                            if line.startswith("Step "):
+                                bound.info("build", step=line)
+                            else:
+                                bound.debug("build", line=line)
+                if "error" in chunk:
+                    error = chunk["error"].strip()
+                    lines.append(error)
+        except docker.errors.APIError as exc:
+            error = str(exc)
+            lines.append(error)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"docker daemon error while building {tag}: {exc}") from exc
+        build_log = "\n".join(lines)
+        if error is not None:
+            tail = "\n".join(lines[-30:])
+            raise BrokenEnvironment(
+                f"task {task.id}: building {env.dockerfile} failed: {error}\n"
+                f"--- build log (last lines) ---\n{tail}",
+                build_log=build_log,
+            )
+        bound.info("image built")
+
+    # -- sandboxes -----------------------------------------------------------------------
+
+    async def start(
+        self,
+        task: Any,
+        *,
+        trial_id: str,
+        labels: Mapping[str, str],
+        mounts: Mapping[Path, str] | None = None,
+    ) -> DockerSandbox:
+        await self.prepare(task)
+        link = ProxyLink(parent=self.config.socket_dir)
+        try:
+            link.start()
+            container = await self._call(self._create, task, trial_id, labels, mounts or {}, link)
+        except BaseException:
+            link.remove()
+            raise
+        sandbox = DockerSandbox(
+            backend=self, container=container, link=link, proxy_port=self.config.proxy_port
+        )
+        try:
+            await self._call(self._start_and_wait_ready, container)
+        except BaseException:
+            await sandbox.stop()
+            raise
+        return sandbox
+
+    def _create(self, task, trial_id, labels, mounts, link):
+        import docker.errors
+
+        env = task.environment
+        volumes = {str(link.dir): {"bind": LINK_MOUNT, "mode": "ro"}}
+        for host, inner in mounts.items():
+            volumes[str(Path(host).resolve())] = {"bind": inner, "mode": "ro"}
+        all_labels = {
+            LABEL_SANDBOX: "docker",
+            LABEL_OWNER_HOST: socket.gethostname(),
+            LABEL_OWNER_PID: str(os.getpid()),
+            LABEL_TRIAL: trial_id,
+            LABEL_TASK: task.id,
+            **{str(k): str(v) for k, v in labels.items()},
+        }
+        try:
+            return self.client.containers.create(
+                self.image_tag(task),
+                entrypoint=[
+                    "python3",
+                    f"{LINK_MOUNT}/relay.py",
+                    str(self.config.proxy_port),
+                    f"{LINK_MOUNT}/proxy.sock",
+                ],
+                command=[],
+                labels=all_labels,
+                network_mode="none",
+                working_dir=env.workdir,
+                environment=dict(env.env),
+                nano_cpus=int(env.cpus * 1e9),
+                mem_limit=f"{env.memory_mb}m",
+                memswap_limit=f"{env.memory_mb}m",
+                pids_limit=self.config.pids_limit,
+                volumes=volumes,
+                hostname="sandbox",
+                detach=True,
+            )
+        except docker.errors.ImageNotFound as exc:
+            raise SandboxError(f"image for task {task.id} vanished: {exc}") from exc
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"could not create a container for {task.id}: {exc}") from exc
+
+    def _start_and_wait_ready(self, container) -> None:
+        import docker.errors
+
+        from slr.sandboxing.relay import READY
+
+        try:
+            container.start()
+            # Block on the relay's own "ready" line: the first exec may dial the proxy.
+            for raw in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+                if READY in raw.decode(errors="replace"):
+                    return
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"container {container.short_id} did not start: {exc}") from exc
+        container.reload()
+        output = container.logs().decode(errors="replace")[-2000:]
+        raise SandboxError(
+            f"container {container.short_id} exited ({container.attrs['State'].get('ExitCode')}) "
+            f"before its proxy relay was ready; the task image needs python3 on PATH. "
+            f"Output: {output}"
+        )
+
+    async def cleanup_orphans(self) -> int:
+        """Remove containers this host's dead slr processes left behind (by label)."""
+        return await self._call(self._cleanup_orphans)
+
+    def _cleanup_orphans(self) -> int:
+        import docker.errors
+
+        host = socket.gethostname()
+        removed = 0
+        for c in self.client.containers.list(all=True, filters={"label": LABEL_SANDBOX}):
+            owner_host = c.labels.get(LABEL_OWNER_HOST)
+            pid = c.labels.get(LABEL_OWNER_PID, "")
+            if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+                continue  # another machine's or a live process's sandbox
+            try:
+                c.remove(force=True)
+                removed += 1
+                log.info("removed orphaned sandbox", container=c.short_id, pid=pid)
+            except docker.errors.NotFound:
+                pass
+        return removed
+
+    def list_sandboxes(self, **labels: str) -> list[Any]:
+        """Containers of this backend matching ``labels`` (e.g. ``slr.trial_id=...``)."""
+        filters = [LABEL_SANDBOX] + [f"{k}={v}" for k, v in labels.items()]
+        return self.client.containers.list(all=True, filters={"label": filters})
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,223 @@
+"""One trial's container: exec with process-tree timeouts, tar upload/download, network."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from slr.contracts import ExecResult, SandboxError
+from slr.sandboxing import ProxyLink, inner_proxy_url
+
+if TYPE_CHECKING:
+    from slr_backend_docker.backend import DockerBackend
+
+log = structlog.get_logger()
+
+EXEC_MARKER = "SLR_EXEC_ID"
+# Kill every process whose environment carries the exec's marker: the whole tree the
+# command started, however it forked or re-parented, without relying on process groups.
+_KILL_TREE = (
+    "for _ in 1 2 3; do found=; for p in /proc/[0-9]*; do "
+    'if grep -qsxz "$0=$1" "$p/environ"; then kill -9 "${p#/proc/}" 2>/dev/null; found=1; fi; '
+    'done; [ -z "$found" ] && break; done; true'
+)
+
+
+class DockerSandbox:
+    """``Sandbox`` backed by one container. Every daemon failure becomes ``SandboxError``."""
+
+    def __init__(
+        self, *, backend: DockerBackend, container: Any, link: ProxyLink, proxy_port: int
+    ) -> None:
+        self.backend = backend
+        self.container = container
+        self.id = container.id
+        self.link = link
+        self.proxy_port = proxy_port
+        self.network = "proxy-only"
+        self._stopped = False
+
+    @property
+    def _api(self) -> Any:
+        return self.backend.client.api
+
+    async def _call(self, fn, *args, **kwargs):
+        import docker.errors
+
+        try:
+            return await self.backend._call(fn, *args, **kwargs)
+        except docker.errors.NotFound as exc:
+            raise SandboxError(f"sandbox {self.id[:12]} is gone: {exc}") from exc
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"sandbox {self.id[:12]}: docker error: {exc}") from exc
+
+    # -- exec ----------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
+        marker = uuid.uuid4().hex
+        environment = {**(env or {}), EXEC_MARKER: marker}
+        started = time.monotonic()
+        exec_id = (
+            await self._call(
+                self._api.exec_create,
+                self.id,
+                argv,
+                stdout=True,
+                stderr=True,
+                user=user or "",
+                workdir=cwd,
+                environment=environment,
+            )
+        )["Id"]
+        run = asyncio.ensure_future(self._call(self._api.exec_start, exec_id, demux=True))
+        timed_out = False
+        try:
+            out, err = await asyncio.wait_for(asyncio.shield(run), timeout=timeout_s)
+        except TimeoutError:
+            timed_out = True
+            await self._kill_tree(marker)
+            # The kill ends the stream; whatever the command printed so far comes back.
+            out, err = await asyncio.wait_for(run, timeout=30)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._kill_tree(marker))
+            raise
+        info = await self._call(self._api.exec_inspect, exec_id)
+        code = info.get("ExitCode")
+        if code is None or code >= 128:
+            await self._check_alive()
+        return ExecResult(
+            exit_code=137 if code is None else code,
+            stdout=(out or b"").decode(errors="replace"),
+            stderr=(err or b"").decode(errors="replace"),
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+        )
+
+    async def _kill_tree(self, marker: str) -> None:
+        try:
+            exec_id = (
+                await self._call(
+                    self._api.exec_create,
+                    self.id,
+                    ["sh", "-c", _KILL_TREE, EXEC_MARKER, marker],
+                    user="root",
+                )
+            )["Id"]
+            await self._call(self._api.exec_start, exec_id)
+        except SandboxError as exc:
+            log.warning("could not kill a timed-out command", sandbox=self.id[:12], error=str(exc))
+
+    async def _check_alive(self) -> None:
+        state = (await self._call(self._api.inspect_container, self.id))["State"]
+        if not state.get("Running"):
+            reason = "out of memory" if state.get("OOMKilled") else f"exit {state.get('ExitCode')}"
+            raise SandboxError(f"sandbox {self.id[:12]} stopped during a command ({reason})")
+
+    async def end_processes(self) -> None:
+        """Kill everything but the relay (PID 1): nothing the agent started survives."""
+        res = await self.exec(["sh", "-c", "kill -9 -1 2>/dev/null; true"], user="root", cwd="/")
+        if not res.ok:
+            raise SandboxError(f"could not end the sandbox's processes: {res.stderr.strip()}")
+
+    # -- files ---------------------------------------------------------------------------
+
+    async def upload(self, src: Path, dest: str) -> None:
+        src = Path(src)
+        if not src.exists():
+            raise FileNotFoundError(f"upload source {src} does not exist")
+        target = PurePosixPath(dest)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(src, arcname=target.name, filter=_as_root)
+        mk = await self.exec(["mkdir", "-p", str(target.parent)], user="root")
+        if not mk.ok:
+            raise SandboxError(f"cannot create {target.parent} in the sandbox: {mk.stderr.strip()}")
+        ok = await self._call(self._api.put_archive, self.id, str(target.parent), buf.getvalue())
+        if not ok:
+            raise SandboxError(f"upload of {src} to {dest} was refused by the daemon")
+
+    async def download(self, src: str, dest: Path) -> None:
+        dest = Path(dest)
+
+        def fetch() -> bytes:
+            import docker.errors
+
+            try:
+                stream, _ = self._api.get_archive(self.id, src)
+            except docker.errors.NotFound:
+                raise FileNotFoundError(f"{src} does not exist in sandbox {self.id[:12]}") from None
+            return b"".join(stream)
+
+        data = await self._call(fetch)
+        name = PurePosixPath(src).name or "root"
+        with tempfile.TemporaryDirectory() as tmp:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                tar.extractall(tmp, filter="data")
+            got = Path(tmp) / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if dest.is_dir() and got.is_dir():
+                shutil.copytree(got, dest, dirs_exist_ok=True, symlinks=True)
+            else:
+                shutil.move(str(got), dest)
+
+    # -- network -------------------------------------------------------------------------
+
+    def proxy_url(self, host_url: str) -> str:
+        inner, target = inner_proxy_url(host_url, self.proxy_port)
+        self.link.set_target(*target)
+        return inner
+
+    async def set_network(self, mode: str) -> None:
+        if mode not in ("proxy-only", "none", "full"):
+            raise ValueError(f"network mode {mode!r}: expected proxy-only, none or full")
+        if mode == self.network:
+            return
+        if mode == "proxy-only":
+            raise SandboxError("a sandbox cannot go back to proxy-only after the agent phase")
+        self.link.close()
+        if mode == "full":
+            await self._call(self._api.disconnect_container_from_network, self.id, "none")
+            await self._call(self._api.connect_container_to_network, self.id, "bridge")
+        self.network = mode
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        import docker.errors
+
+        def remove() -> None:
+            try:
+                self._api.remove_container(self.id, force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+
+        try:
+            await self.backend._call(remove)
+        finally:
+            self.link.remove()
+
+
+def _as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info

@@ -1,0 +1,39 @@
+"""slr-backend-local: no daemon; one workspace folder per trial, isolated with bubblewrap."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from attrs import frozen
+
+import slr
+from slr.config import option
+
+
+@frozen(kw_only=True)
+class LocalBackendConfig:
+    isolation: Literal["auto", "bubblewrap", "none"] = option(
+        "auto",
+        doc="'bubblewrap' (required), 'none' (plain subprocesses, no isolation: warns), or "
+        "'auto' (bubblewrap when installed, else none).",
+    )
+    workspace_dir: str | None = option(
+        None, doc="Folder for the per-trial workspaces; default: a temporary folder."
+    )
+    cache_dir: str | None = option(
+        None,
+        doc="Folder for the prepared task environments, keyed by content hash; default: "
+        "~/.cache/slr/local-envs.",
+    )
+    proxy_port: int = option(
+        47110, doc="Port on the sandbox's loopback where the agent reaches the proxy."
+    )
+    python: str = option(
+        "/usr/bin/python3",
+        doc="Host python3 (under /usr, so it is visible in the sandbox) that runs the relay.",
+    )
+
+
+@slr.hookimpl
+def register_sandbox_backends(register):
+    register("local", "slr_backend_local.backend:LocalBackend", config_cls=LocalBackendConfig)
