@@ -12,7 +12,6 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from slr import log as slr_log
 from slr.config import parse_set
 from slr.config.structure import structure
 from slr.contracts import TrialResult, to_dict
@@ -110,7 +109,6 @@ def check_tasks(paths, backend, backend_opts, verifier, concurrency, as_json) ->
       slr check-tasks examples/tasks --backend docker
     Exits 1 when any task fails the check (broken build, oracle below 1, nop above 0).
     """
-    slr_log.configure(level="info")
     tasks = [t for p in paths for t in load_tasks(p)]
     from slr_adapter_oracle.agents import NopAgent, OracleAgent
 
@@ -180,7 +178,6 @@ def eval_(agent, tasks_path, k, runs_dir, backend, backend_opts, verifier, concu
     """
     from slr.runs import RunDir
 
-    slr_log.configure(level="info")
     adapter = make_plugin("agent", agent)
     if getattr(adapter, "needs_model", True):
         raise UsageError(
