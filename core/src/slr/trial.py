@@ -209,7 +209,10 @@ class _Trial:
         # -- sandbox ---------------------------------------------------------------------
         async with self._timed("prepare"):
             await self._guard(self.backend.prepare(task), "preparing the environment")
-        bundle = await asyncio.to_thread(self.agent.bundle)
+        try:
+            bundle = await asyncio.to_thread(self.agent.bundle)
+        except Exception as exc:
+            raise _Failed(T.AGENT_ERROR, f"building the agent's bundle failed: {exc!r}") from exc
         mounts = {bundle.path: BUNDLE_MOUNT} if bundle.path.is_dir() else {}
         async with self._timed("start"):
             self.sandbox = await self._guard(

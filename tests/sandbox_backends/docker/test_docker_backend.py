@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 from slr_backend_docker import DockerBackendConfig
@@ -194,6 +195,7 @@ def test_container_killed_mid_trial_is_a_sandbox_error_leaving_nothing(backend, 
         )
     )
     assert result.termination == TerminationReason.SANDBOX_ERROR, result.error
+    assert "during the agent phase" in result.error, result.error
     assert result.reward is None and not result.trainable
     assert agent.trial_labels["slr.trial_id"] == result.trial_id
     assert backend.list_sandboxes(**{"slr.trial_id": result.trial_id}) == []
@@ -284,3 +286,36 @@ def test_exec_in_a_removed_container_is_a_sandbox_error(backend, example_tasks):
             await sb.stop()
 
     _run(go())
+
+
+class _LeavesAForgerRunning:
+    """Starts a detached process that keeps writing reward 1, then 'finishes'."""
+
+    protocol = "openai"
+
+    def bundle(self):
+        return Bundle(path=Path("/nonexistent-slr-bundle"), version="test")
+
+    async def run(self, sandbox, instruction, endpoint, *, timeout_s):
+        res = await sandbox.exec(
+            "mkdir -p /logs/verifier; nohup setsid sh -c "
+            "'while :; do echo 1 > /logs/verifier/reward.txt 2>/dev/null; done' "
+            ">/dev/null 2>&1 & echo started"
+        )
+        assert res.stdout.strip() == "started"
+        return AgentOutcome(exit_code=0)
+
+
+def test_processes_the_agent_left_cannot_forge_the_reward(backend, example_tasks):
+    verifier = get_plugin_manager().get("verifier", "harbor").load()()
+    result = _run(
+        run_trial(
+            example_tasks[0],
+            backend=backend,
+            agent=_LeavesAForgerRunning(),
+            verifier=verifier,
+            session_factory=StandInSessions(),
+        )
+    )
+    assert result.termination == TerminationReason.COMPLETED, result.error
+    assert result.reward.value == 0.0
