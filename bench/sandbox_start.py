@@ -46,9 +46,7 @@ async def start_latency(backend, task, reps: int) -> list[float]:
 
 def bare_docker_run(image: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run(
-        ["docker", "run", "--rm", "--label", "slr.bench=1", image, "true"], check=True
-    )
+    subprocess.run(["docker", "run", "--rm", "--label", "slr.bench=1", image, "true"], check=True)
     return time.perf_counter() - t0
 
 

@@ -27,7 +27,7 @@ def _set_toml(task_dir: Path, text: str) -> None:
 
 def test_examples_load_with_harbor_fields():
     tasks = {t.id: t for t in load_tasks(EXAMPLES)}
-    assert {"hello-world", "count-lines", "fix-median"} <= set(tasks)
+    assert {"hello-world", "count-lines", "fix-median", "make-directory"} <= set(tasks)
     fm = tasks["fix-median"]
     assert fm.name == "slr/fix-median"
     assert fm.agent.timeout_s == 300.0 and fm.verifier.timeout_s == 120.0

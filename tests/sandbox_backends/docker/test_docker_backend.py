@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -319,3 +320,22 @@ def test_processes_the_agent_left_cannot_forge_the_reward(backend, example_tasks
     )
     assert result.termination == TerminationReason.COMPLETED, result.error
     assert result.reward.value == 0.0
+
+
+def test_exec_runs_as_the_requested_user(backend, example_tasks):
+    async def go():
+        sb = await backend.start(example_tasks[0], trial_id="user", labels={})
+        try:
+            return await sb.exec("id -u", user="nobody"), await sb.exec("id -u")
+        finally:
+            await sb.stop()
+
+    nobody, default = _run(go())
+    assert nobody.stdout.strip() == "65534" and default.stdout.strip() == "0"
+
+
+def test_images_base_is_cached(tmp_path):
+    slr = str(Path(sys.executable).with_name("slr"))
+    res = subprocess.run([slr, "images", "base"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert f"{BASE_TAG} already exists" in res.stdout

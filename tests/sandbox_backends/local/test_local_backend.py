@@ -8,6 +8,7 @@ import shutil
 import subprocess
 
 import pytest
+import structlog.testing
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local.backend import OWNER_FILE, LocalBackend
 
@@ -75,14 +76,14 @@ def test_orphaned_workspaces_are_removed(backend, example_tasks):
     asyncio.run(sb.stop())
 
 
-def test_without_bubblewrap_it_warns_and_runs_plain_subprocesses(tmp_path, capsys, example_tasks):
-    b = LocalBackend(
-        LocalBackendConfig(
-            isolation="none", workspace_dir=str(tmp_path / "ws"), cache_dir=str(tmp_path / "c")
+def test_without_bubblewrap_it_warns_and_runs_plain_subprocesses(tmp_path, example_tasks):
+    with structlog.testing.capture_logs() as logs:
+        b = LocalBackend(
+            LocalBackendConfig(
+                isolation="none", workspace_dir=str(tmp_path / "ws"), cache_dir=str(tmp_path / "c")
+            )
         )
-    )
-    captured = capsys.readouterr()
-    assert "WITHOUT isolation" in captured.out + captured.err
+    assert any("WITHOUT isolation" in e["event"] and e["log_level"] == "warning" for e in logs)
     assert not b.isolated
 
     async def go():

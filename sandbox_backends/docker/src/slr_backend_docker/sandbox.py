@@ -102,7 +102,9 @@ class DockerSandbox:
             raise
         info = await self._call(self._api.exec_inspect, exec_id)
         code = info.get("ExitCode")
-        if code is None or code >= 128:
+        # 126: the runtime could not exec (container stopping or gone); >= 128: a signal,
+        # perhaps the container's own death. Either way, ask whether the sandbox lives.
+        if code is None or code >= 126:
             await self._check_alive()
         return ExecResult(
             exit_code=137 if code is None else code,
@@ -131,6 +133,16 @@ class DockerSandbox:
         if not state.get("Running"):
             reason = "out of memory" if state.get("OOMKilled") else f"exit {state.get('ExitCode')}"
             raise SandboxError(f"sandbox {self.id[:12]} stopped during a command ({reason})")
+        # The daemon marks a killed container as exited a moment after its processes die;
+        # a fresh exec tells for sure (it cannot enter a dead container's namespaces).
+        try:
+            probe = (await self._call(self._api.exec_create, self.id, ["true"]))["Id"]
+            await self._call(self._api.exec_start, probe)
+            code = (await self._call(self._api.exec_inspect, probe)).get("ExitCode")
+        except SandboxError as exc:
+            raise SandboxError(f"sandbox {self.id[:12]} stopped during a command: {exc}") from exc
+        if code != 0:
+            raise SandboxError(f"sandbox {self.id[:12]} stopped during a command (probe {code})")
 
     async def end_processes(self) -> None:
         """Kill everything but the relay (PID 1): nothing the agent started survives."""
