@@ -14,6 +14,7 @@ from slr_backend_local import LocalBackendConfig
 from slr_backend_local.backend import LocalBackend
 from slr_verifier_harbor.verifier import HarborVerifier
 
+from slr import hookimpl
 from slr.contracts import AgentOutcome, Bundle, TerminationReason, TrialResult, from_dict
 from slr.runs import RunDir
 from slr.tasks import load_task
@@ -197,3 +198,20 @@ def test_the_agent_bundle_is_mounted_read_only(backend, tmp_path):
     agent = _Bundled(tmp_path / "bundle")
     trial(backend, load_task(EXAMPLES / "hello-world"), agent=agent)
     assert "tool-v1" in agent.out and "Read-only file system" in agent.out
+
+
+class _Recorder:
+    def __init__(self):
+        self.trials = []
+
+    @hookimpl
+    def on_trial_finished(self, run_dir, trial):
+        self.trials.append((run_dir.id, trial.trial_id))
+
+
+def test_a_recorded_trial_fires_on_trial_finished(backend, tmp_path, slr_plugins):
+    rec = _Recorder()
+    slr_plugins.register(rec, name="recorder")
+    run = RunDir.create(tmp_path / "runs", "ev", "")
+    r = trial(backend, load_task(EXAMPLES / "hello-world"), agent=NopAgent(), run_dir=run)
+    assert rec.trials == [(run.id, r.trial_id)]

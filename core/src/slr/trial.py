@@ -46,6 +46,7 @@ from slr.contracts import (
     VerifierError,
     VerifierTimeout,
 )
+from slr.plugins import get_plugin_manager
 from slr.tasks import AGENT_LOGS_DIR, Task
 
 log = structlog.get_logger()
@@ -113,7 +114,8 @@ async def run_trial(
     """Run one trial of ``task`` and return its record (also written to ``run_dir``).
 
     ``agent_timeout_s`` overrides the task's ``[agent] timeout_sec``. ``labels`` are put on
-    the sandbox (the docker backend uses them to find orphans).
+    the sandbox (e.g. ``slr.run_id``). With ``run_dir``, the record is written to it and
+    ``on_trial_finished`` fires.
     """
     trial = _Trial(
         task=task,
@@ -131,6 +133,7 @@ async def run_trial(
     result = attrs.evolve(result, group_id=group_id, step=step)
     if run_dir is not None:
         run_dir.write_trial(result)
+        get_plugin_manager().hook.on_trial_finished(run_dir=run_dir, trial=result)
     return result
 
 

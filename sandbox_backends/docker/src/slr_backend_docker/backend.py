@@ -51,7 +51,8 @@ class DockerBackend:
         # The SDK blocks; each exec holds a thread for its whole run, so the default
         # executor (cores + 4) would starve eight concurrent agents.
         self._pool = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="slr-docker")
-        self._build_locks: dict[str, asyncio.Lock] = {}
+        # per event loop: an asyncio.Lock belongs to the loop that first waits on it
+        self._build_locks: dict[tuple[int, str], asyncio.Lock] = {}
         self._build_failures: dict[str, BrokenEnvironment] = {}
 
     @property
@@ -77,7 +78,7 @@ class DockerBackend:
         tag = self.image_tag(task)
         if tag in self._build_failures:
             raise self._build_failures[tag]
-        lock = self._build_locks.setdefault(tag, asyncio.Lock())
+        lock = self._build_locks.setdefault((id(asyncio.get_running_loop()), tag), asyncio.Lock())
         async with lock:
             if await self._call(self._image_exists, tag):
                 return

@@ -53,7 +53,8 @@ class LocalBackend:
         self.cache_dir = Path(
             self.config.cache_dir or Path.home() / ".cache" / "slr" / "local-envs"
         )
-        self._locks: dict[str, asyncio.Lock] = {}
+        # per event loop: an asyncio.Lock belongs to the loop that first waits on it
+        self._locks: dict[tuple[int, str], asyncio.Lock] = {}
 
     @property
     def isolated(self) -> bool:
@@ -68,7 +69,9 @@ class LocalBackend:
         env_dir = self._env_dir(task)
         if (env_dir / "meta.json").is_file():
             return
-        lock = self._locks.setdefault(str(env_dir), asyncio.Lock())
+        lock = self._locks.setdefault(
+            (id(asyncio.get_running_loop()), str(env_dir)), asyncio.Lock()
+        )
         async with lock:
             if (env_dir / "meta.json").is_file():
                 return

@@ -128,7 +128,10 @@ class LocalSandbox:
             except TimeoutError:
                 timed_out = True
                 _kill_group(proc)
-                out, err = await comm
+                try:
+                    out, err = await asyncio.wait_for(comm, timeout=10)
+                except TimeoutError:  # without bubblewrap, an escaped child may hold the pipes
+                    out, err = b"", b"(output lost: a process outlived the timeout)"
         except asyncio.CancelledError:
             _kill_group(proc)
             raise
