@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_backend(name: str):
-    return get_plugin_manager().get("sandbox_backend", name).load()()
+    return get_plugin_manager().get("sandbox_backend", name).create()
 
 
 async def start_latency(backend, task, reps: int) -> list[float]:
@@ -51,8 +51,8 @@ def bare_docker_run(image: str) -> float:
 
 
 async def throughput(backend, tasks, concurrency: int, n: int) -> dict:
-    oracle = get_plugin_manager().get("agent", "oracle").load()()
-    verifier = get_plugin_manager().get("verifier", "harbor").load()()
+    oracle = get_plugin_manager().get("agent", "oracle").create()
+    verifier = get_plugin_manager().get("verifier", "harbor").create()
     sessions = StandInSessions()
     picks = [tasks[i % len(tasks)] for i in range(n)]
     t0 = time.perf_counter()

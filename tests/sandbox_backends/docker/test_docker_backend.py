@@ -136,8 +136,8 @@ def test_broken_dockerfile_fails_with_its_build_log_and_other_trials_go_on(
         tmp_path / "broken-task",
         f"FROM {BASE_TAG}\nRUN echo building-{marker} && exit 7\n",
     )
-    oracle = get_plugin_manager().get("agent", "oracle").load()()
-    verifier = get_plugin_manager().get("verifier", "harbor").load()()
+    oracle = get_plugin_manager().get("agent", "oracle").create()
+    verifier = get_plugin_manager().get("verifier", "harbor").create()
     results = _run(
         run_trials(
             [
@@ -185,7 +185,7 @@ class _KillsItsContainer:
 
 def test_container_killed_mid_trial_is_a_sandbox_error_leaving_nothing(backend, example_tasks):
     agent = _KillsItsContainer(backend)
-    verifier = get_plugin_manager().get("verifier", "harbor").load()()
+    verifier = get_plugin_manager().get("verifier", "harbor").create()
     result = _run(
         run_trial(
             example_tasks[0],
@@ -308,7 +308,7 @@ class _LeavesAForgerRunning:
 
 
 def test_processes_the_agent_left_cannot_forge_the_reward(backend, example_tasks):
-    verifier = get_plugin_manager().get("verifier", "harbor").load()()
+    verifier = get_plugin_manager().get("verifier", "harbor").create()
     result = _run(
         run_trial(
             example_tasks[0],

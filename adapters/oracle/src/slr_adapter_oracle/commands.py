@@ -24,7 +24,6 @@ from slr.trial import StandInSessions, run_trial, run_trials
 def make_plugin(kind: str, name: str, options: tuple[str, ...] = ()) -> Any:
     """An instance of plugin ``name`` with its config class's defaults plus ``KEY=VALUE``s."""
     reg = get_plugin_manager().get(kind, name)
-    factory = reg.load()
     raw: dict[str, Any] = {}
     for item in options:
         keys, value = parse_set(item)
@@ -32,8 +31,8 @@ def make_plugin(kind: str, name: str, options: tuple[str, ...] = ()) -> Any:
     if reg.config_cls is None:
         if raw:
             raise UsageError(f"{kind} {name!r} takes no options, got {', '.join(raw)}")
-        return factory()
-    return factory(structure(raw, reg.config_cls, path=name))
+        return reg.create()
+    return reg.create(structure(raw, reg.config_cls, path=name))
 
 
 def _common(fn):
