@@ -80,7 +80,10 @@ def test_without_bubblewrap_it_warns_and_runs_plain_subprocesses(tmp_path, examp
     with structlog.testing.capture_logs() as logs:
         b = LocalBackend(
             LocalBackendConfig(
-                isolation="none", workspace_dir=str(tmp_path / "ws"), cache_dir=str(tmp_path / "c")
+                isolation="none",
+                workspace_dir=str(tmp_path / "ws"),
+                cache_dir=str(tmp_path / "c"),
+                unsafe_host_paths=True,
             )
         )
     assert any("WITHOUT isolation" in e["event"] and e["log_level"] == "warning" for e in logs)
@@ -95,3 +98,9 @@ def test_without_bubblewrap_it_warns_and_runs_plain_subprocesses(tmp_path, examp
 
     sb, res = asyncio.run(go())
     assert res.stdout.strip() == str(sb.root / "app")
+
+
+def test_without_bubblewrap_trials_need_an_explicit_opt_in(tmp_path, example_tasks):
+    b = LocalBackend(LocalBackendConfig(isolation="none", workspace_dir=str(tmp_path / "ws")))
+    with pytest.raises(SandboxError, match="unsafe_host_paths"):
+        asyncio.run(b.start(example_tasks[0], trial_id="refused", labels={}))

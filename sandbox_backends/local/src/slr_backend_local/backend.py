@@ -166,6 +166,13 @@ class LocalBackend:
         labels: Mapping[str, str],
         mounts: Mapping[Path, str] | None = None,
     ) -> LocalSandbox:
+        if not self.isolated and not self.config.unsafe_host_paths:
+            raise SandboxError(
+                "the local backend has no isolation here (bubblewrap is missing or isolation = "
+                "'none'), so a task's absolute paths (/app, /tests, /logs) would be this "
+                "machine's own and the verifier would wipe them. Install bubblewrap, use "
+                "--backend docker, or set unsafe_host_paths = true for trusted tasks."
+            )
         await self.prepare(task)
         env_dir = self._env_dir(task)
         meta = json.loads((env_dir / "meta.json").read_text())
