@@ -339,3 +339,45 @@ def test_images_base_is_cached(tmp_path):
     res = subprocess.run([slr, "images", "base"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert f"{BASE_TAG} already exists" in res.stdout
+
+
+class _BlocksInSandbox:
+    protocol = "openai"
+
+    def __init__(self):
+        self.started = asyncio.Event()
+        self.sandbox_id = None
+
+    def bundle(self):
+        return Bundle(path=Path("/nonexistent-slr-bundle"), version="test")
+
+    async def run(self, sandbox, instruction, endpoint, *, timeout_s):
+        self.sandbox_id = sandbox.id
+        self.started.set()
+        await sandbox.exec("sleep 600")
+        return AgentOutcome(exit_code=0)
+
+
+def test_a_cancelled_trial_removes_its_container(backend, example_tasks):
+    agent = _BlocksInSandbox()
+    verifier = get_plugin_manager().get("verifier", "harbor").create()
+
+    async def go():
+        t = asyncio.ensure_future(
+            run_trial(
+                example_tasks[0],
+                backend=backend,
+                agent=agent,
+                verifier=verifier,
+                session_factory=StandInSessions(),
+                trial_id="cancelled-1",
+            )
+        )
+        await agent.started.wait()
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+
+    _run(go())
+    assert agent.sandbox_id is not None
+    assert backend.list_sandboxes(**{"slr.trial_id": "cancelled-1"}) == []
