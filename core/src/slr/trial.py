@@ -125,7 +125,7 @@ async def run_trial(
         sessions=session_factory,
         trial_id=trial_id or new_trial_id(task.id),
         agent_name=agent_name,
-        labels=dict(labels or {}),
+        labels={**({"slr.run_id": run_dir.id} if run_dir is not None else {}), **(labels or {})},
         agent_timeout_s=agent_timeout_s,
     )
     with slr_log.bound(trial_id=trial.trial_id, task_id=task.id):
@@ -385,6 +385,6 @@ rm -rf .git
 git="git -c safe.directory=* -c init.defaultBranch=$branch"
 $git init -q
 $git add -A
-$git -c user.name=slr -c user.email=slr@sandbox.invalid commit -q --allow-empty --no-verify -m "Task snapshot"
+$git -c user.name=slr -c user.email=slr@sandbox.invalid -c commit.gpgsign=false commit -q --allow-empty --no-verify -m "Task snapshot"
 chown -R "$owner" .git
 """

@@ -61,7 +61,9 @@ def _common(fn):
     return fn
 
 
-async def _run_all(tasks, agents: dict[str, Any], k: int, backend, verifier, concurrency):
+async def _run_all(
+    tasks, agents: dict[str, Any], k: int, backend, verifier, concurrency, run_dir=None
+):
     await backend.cleanup_orphans()
     sessions = StandInSessions()
     jobs = [
@@ -73,6 +75,7 @@ async def _run_all(tasks, agents: dict[str, Any], k: int, backend, verifier, con
                 verifier=verifier,
                 session_factory=sessions,
                 agent_name=name,
+                run_dir=run_dir,
             )
         )
         for t in tasks
@@ -197,10 +200,9 @@ def eval_(agent, tasks_path, k, runs_dir, backend, backend_opts, verifier, concu
             make_plugin("sandbox_backend", backend, backend_opts),
             make_plugin("verifier", verifier),
             concurrency,
+            run_dir=run,
         )
     )
-    for r in results:
-        run.write_trial(r)
     run.close()
     by: dict[str, list[TrialResult]] = defaultdict(list)
     for r in results:
