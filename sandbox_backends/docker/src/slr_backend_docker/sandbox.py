@@ -156,14 +156,14 @@ class DockerSandbox:
         src = Path(src)
         if not src.exists():
             raise FileNotFoundError(f"upload source {src} does not exist")
-        target = PurePosixPath(dest)
+        target = PurePosixPath("/", dest)
+        if target == PurePosixPath("/"):
+            raise ValueError("cannot upload onto / itself")
+        # Rooted at "/": the engine creates missing parent folders, so no mkdir exec is needed.
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(src, arcname=target.name, filter=_as_root)
-        mk = await self.exec(["mkdir", "-p", str(target.parent)], user="root")
-        if not mk.ok:
-            raise SandboxError(f"cannot create {target.parent} in the sandbox: {mk.stderr.strip()}")
-        ok = await self._call(self._api.put_archive, self.id, str(target.parent), buf.getvalue())
+            tar.add(src, arcname=str(target.relative_to("/")), filter=_as_root)
+        ok = await self._call(self._api.put_archive, self.id, "/", buf.getvalue())
         if not ok:
             raise SandboxError(f"upload of {src} to {dest} was refused by the daemon")
 
