@@ -96,7 +96,13 @@ class DockerSandbox:
             timed_out = True
             await self._kill_tree(marker)
             # The kill ends the stream; whatever the command printed so far comes back.
-            out, err = await asyncio.wait_for(run, timeout=30)
+            try:
+                out, err = await asyncio.wait_for(run, timeout=30)
+            except TimeoutError:
+                raise SandboxError(
+                    f"sandbox {self.id[:12]}: a command ran past {timeout_s:g}s and could not "
+                    f"be killed"
+                ) from None
         except asyncio.CancelledError:
             await asyncio.shield(self._kill_tree(marker))
             raise
