@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from slr.errors import UsageError
 from slr.tasks import BrokenTaskError, content_hash, load_task, load_tasks, write_index
@@ -146,3 +147,13 @@ def test_parquet_index_of_pointers_round_trips(tmp_path):
     assert [t.environment.content_hash for t in again] == [
         t.environment.content_hash for t in tasks
     ]
+
+
+def test_unknown_and_unsupported_keys_are_warned_not_fatal(task_dir):
+    _set_toml(task_dir, "[environment]\ngpus = 1\nfancy = true\n[agent]\nnetwork_mode = 'public'\n")
+    with structlog.testing.capture_logs() as logs:
+        load_task(task_dir)
+    said = {(e["event"], e["key"]) for e in logs}
+    assert ("task.toml key not supported by slr, ignored", "environment.gpus") in said
+    assert ("unknown task.toml key, ignored", "environment.fancy") in said
+    assert ("task.toml key not supported by slr, ignored", "agent.network_mode") in said
