@@ -22,6 +22,7 @@ from slr_backend_docker.backend import (
     LABEL_OWNER_PID,
     LABEL_SANDBOX,
     DockerBackend,
+    daemon_is_local,
 )
 from slr_backend_docker.base_image import BASE_TAG
 
@@ -381,3 +382,17 @@ def test_a_cancelled_trial_removes_its_container(backend, example_tasks):
     _run(go())
     assert agent.sandbox_id is not None
     assert backend.list_sandboxes(**{"slr.trial_id": "cancelled-1"}) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "local"),
+    [
+        ("http+docker://localhost", True),
+        ("http://127.0.0.1:2375", True),
+        ("https://localhost:2376", True),
+        ("https://build-farm.example:2376", False),
+    ],
+)
+def test_daemon_locality_is_read_from_the_url(url, local):
+    # Only the URL is read: nothing is contacted.
+    assert daemon_is_local(url) is local

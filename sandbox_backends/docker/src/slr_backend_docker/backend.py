@@ -18,6 +18,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 
@@ -168,6 +169,13 @@ class DockerBackend:
         mounts: Mapping[Path, str] | None = None,
     ) -> DockerSandbox:
         await self.prepare(task)
+        if self.config.socket_dir is None and not daemon_is_local(self.client.api.base_url):
+            raise SandboxError(
+                f"the docker daemon at {self.client.api.base_url} is not on this machine, so it "
+                f"cannot mount this machine's proxy socket into sandboxes. Set the backend's "
+                f"socket_dir to a folder the daemon's host shares with this one, or run slr "
+                f"on the daemon's host"
+            )
         link = ProxyLink(parent=self.config.socket_dir)
         try:
             link.start()
@@ -280,6 +288,12 @@ class DockerBackend:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def daemon_is_local(base_url: str) -> bool:
+    """Whether the SDK's base URL is a daemon on this machine (unix socket or loopback)."""
+    host = urlsplit(base_url).hostname or ""
+    return base_url.startswith("http+docker://") or host in ("localhost", "127.0.0.1", "::1")
 
 
 def _alive(pid: int) -> bool:
