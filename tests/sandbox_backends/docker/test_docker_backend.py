@@ -396,3 +396,19 @@ def test_a_cancelled_trial_removes_its_container(backend, example_tasks):
 def test_daemon_locality_is_read_from_the_url(url, local):
     # Only the URL is read: nothing is contacted.
     assert daemon_is_local(url) is local
+
+
+def test_the_agent_cannot_kill_its_own_container(backend, example_tasks):
+    """PID 1 (the relay) ignores signals from inside its namespace, and end_processes
+    spares it: an agent cannot turn its failure into an excluded sandbox_error this way."""
+
+    async def go():
+        sb = await backend.start(example_tasks[0], trial_id="selfkill", labels={})
+        try:
+            await sb.exec("kill -9 1; kill -9 -1", user="root")
+            await sb.end_processes()
+            return await sb.exec("echo alive")
+        finally:
+            await sb.stop()
+
+    assert _run(go()).stdout.strip() == "alive"
