@@ -107,6 +107,11 @@ class DockerSandbox:
             await asyncio.shield(self._kill_tree(marker))
             raise
         info = await self._call(self._api.exec_inspect, exec_id)
+        # The daemon records the exit code from an event that can trail the stream's end.
+        deadline = time.monotonic() + 5
+        while info.get("Running") and info.get("ExitCode") is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+            info = await self._call(self._api.exec_inspect, exec_id)
         code = info.get("ExitCode")
         # 126: the runtime could not exec (container stopping or gone); >= 128: a signal,
         # perhaps the container's own death. Either way, ask whether the sandbox lives.
