@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import tempfile
 import time
 import uuid
@@ -248,7 +249,7 @@ class _Trial:
                     ),
                     "making the agent log folder",
                 )
-                kwargs = {"task": task} if getattr(self.agent, "accepts_task", False) else {}
+                kwargs = {"task": task} if _accepts_task(self.agent) else {}
                 outcome: AgentOutcome = await asyncio.wait_for(
                     self.agent.run(sandbox, task.instruction, inner, timeout_s=timeout, **kwargs),
                     # The adapter enforces the timeout itself; this is the backstop.
@@ -373,6 +374,16 @@ class _Trial:
         # Shielded: a cancelled trial still removes its sandbox.
         await asyncio.shield(asyncio.ensure_future(cleanup()))
         self.timings["cleanup_s"] = round(time.monotonic() - start, 4)
+
+
+def _accepts_task(agent: Any) -> bool:
+    """Adapters that want the task (its solution, its ``[agent] user``) take ``task=``."""
+    if getattr(agent, "accepts_task", False):
+        return True
+    try:
+        return "task" in inspect.signature(agent.run).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # Re-create the repository with the working tree as its only commit, owned as before.

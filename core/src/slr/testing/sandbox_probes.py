@@ -133,7 +133,6 @@ class ProbeAgent:
 
     targets: Sequence[tuple[str, int]] = ()
     protocol = "openai"
-    accepts_task = True
     needs_model = False
     seen: dict[str, Any] = attrs.field(factory=dict)
 
