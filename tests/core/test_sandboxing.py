@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from slr.sandboxing import RELAY_SCRIPT, ProxyLink, inner_proxy_url
+from slr.sandboxing import RELAY_SCRIPT, ProxyLink, inner_proxy_url, remove_stale_links
 from slr.testing.sandbox_probes import stand_in_proxy
 
 
@@ -117,3 +117,14 @@ def test_relay_runs_a_command_with_the_port_already_listening(tmp_path):
         assert "slr-stand-in-proxy-ok" in res.stdout
     finally:
         link.remove()
+
+
+def test_stale_links_of_dead_processes_are_removed(tmp_path):
+    mine = ProxyLink(parent=str(tmp_path))
+    dead_pid = subprocess.Popen(["true"])
+    dead_pid.wait()
+    stale = ProxyLink(parent=str(tmp_path))
+    (stale.dir / "owner.pid").write_text(str(dead_pid.pid))
+    assert remove_stale_links(str(tmp_path)) == 1
+    assert mine.dir.exists() and not stale.dir.exists()
+    mine.remove()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import structlog.testing
@@ -14,6 +15,8 @@ from slr_backend_local.backend import OWNER_FILE, LocalBackend
 
 from slr.contracts import SandboxError
 from slr.testing import SandboxBackendTests
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")
@@ -40,14 +43,16 @@ def test_host_secrets_and_home_are_invisible(backend, example_tasks):
     async def go():
         sb = await backend.start(example_tasks[0], trial_id="secrets", labels={})
         try:
+            # This repository's own folder on the host must not be visible either.
             return await sb.exec(
-                "ls /etc/shadow /work /home/* /root/.ssh 2>&1; touch /usr/x 2>&1; echo $(id -u)"
+                f"ls /etc/shadow {REPO} /home/* /root/.ssh 2>&1; touch /usr/x 2>&1; echo $(id -u)"
             )
         finally:
             await sb.stop()
 
     res = asyncio.run(go())
-    assert "No such file" in res.stdout and "/etc/shadow" in res.stdout
+    assert "cannot access '/etc/shadow'" in res.stdout
+    assert f"cannot access '{REPO}'" in res.stdout
     assert "Read-only file system" in res.stdout or "Permission denied" in res.stdout
 
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from slr.contracts import BrokenEnvironment, SandboxError
-from slr.sandboxing import ProxyLink
+from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr_backend_docker import DockerBackendConfig
 from slr_backend_docker.client import connect
 from slr_backend_docker.sandbox import DockerSandbox
@@ -257,8 +257,10 @@ class DockerBackend:
         )
 
     async def cleanup_orphans(self) -> int:
-        """Remove containers this host's dead slr processes left behind (by label)."""
-        return await self._call(self._cleanup_orphans)
+        """Remove what this host's dead slr processes left: containers (by label) and proxy
+        link folders (by owner pid). Returns how many."""
+        links = remove_stale_links(self.config.socket_dir)
+        return links + await self._call(self._cleanup_orphans)
 
     def _cleanup_orphans(self) -> int:
         import docker.errors
@@ -268,7 +270,7 @@ class DockerBackend:
         for c in self.client.containers.list(all=True, filters={"label": LABEL_SANDBOX}):
             owner_host = c.labels.get(LABEL_OWNER_HOST)
             pid = c.labels.get(LABEL_OWNER_PID, "")
-            if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+            if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
                 continue  # another machine's or a live process's sandbox
             try:
                 c.remove(force=True)
@@ -294,13 +296,3 @@ def daemon_is_local(base_url: str) -> bool:
     """Whether the SDK's base URL is a daemon on this machine (unix socket or loopback)."""
     host = urlsplit(base_url).hostname or ""
     return base_url.startswith("http+docker://") or host in ("localhost", "127.0.0.1", "::1")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

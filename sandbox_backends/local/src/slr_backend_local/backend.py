@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from slr.contracts import SandboxError
-from slr.sandboxing import ProxyLink
+from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local import dockerfile as df
 from slr_backend_local.isolation import bwrap_argv, bwrap_path, make_root
@@ -202,7 +202,8 @@ class LocalBackend:
         )
 
     async def cleanup_orphans(self) -> int:
-        removed = 0
+        """Remove workspaces and proxy link folders of dead processes; returns how many."""
+        removed = remove_stale_links()
         if not self.workspace_dir.is_dir():
             return 0
         for ws in self.workspace_dir.iterdir():
@@ -211,7 +212,7 @@ class LocalBackend:
                 pid = json.loads(owner.read_text())["pid"]
             except (OSError, ValueError, KeyError):
                 continue
-            if _alive(pid):
+            if pid_alive(pid):
                 continue
             shutil.rmtree(ws, ignore_errors=True)
             removed += 1
@@ -219,13 +220,3 @@ class LocalBackend:
 
     async def close(self) -> None:
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
