@@ -109,3 +109,23 @@ def test_without_bubblewrap_trials_need_an_explicit_opt_in(tmp_path, example_tas
     b = LocalBackend(LocalBackendConfig(isolation="none", workspace_dir=str(tmp_path / "ws")))
     with pytest.raises(SandboxError, match="unsafe_host_paths"):
         asyncio.run(b.start(example_tasks[0], trial_id="refused", labels={}))
+
+
+def test_workspace_processes_are_found_and_killed_by_their_root(backend, example_tasks):
+    from slr_backend_local.sandbox import kill_workspace_processes
+
+    async def go():
+        sb = await backend.start(example_tasks[0], trial_id="by-root", labels={})
+        try:
+            running = asyncio.ensure_future(sb.exec("touch /tmp/started; sleep 300", timeout_s=60))
+            marker = sb.host_path("/tmp/started")
+            while not marker.exists():  # the command is running once its marker exists
+                await asyncio.sleep(0.02)
+            killed = kill_workspace_processes(sb.root)
+            return killed, await running
+        finally:
+            await sb.stop()
+
+    killed, res = asyncio.run(go())
+    assert killed >= 1
+    assert not res.timed_out and res.exit_code == 137

@@ -22,7 +22,7 @@ from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local import dockerfile as df
 from slr_backend_local.isolation import bwrap_argv, bwrap_path, make_root
-from slr_backend_local.sandbox import LocalSandbox
+from slr_backend_local.sandbox import LocalSandbox, kill_workspace_processes
 
 log = structlog.get_logger()
 
@@ -214,6 +214,7 @@ class LocalBackend:
                 continue
             if pid_alive(pid):
                 continue
+            kill_workspace_processes(ws / "fs")
             shutil.rmtree(ws, ignore_errors=True)
             removed += 1
         return removed
