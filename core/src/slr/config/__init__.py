@@ -115,6 +115,11 @@ class ProxySection:
     max_body_bytes: int = option(
         8 * 1024 * 1024, doc="Largest request body accepted.", validator=validators.ge(1024)
     )
+    model_names: list[str] = option(
+        factory=lambda: ["policy"],
+        doc="Model names the proxy answers to (what agents pass as `model`); a request for "
+        "any other name gets a not-found error in its API's shape. Empty: accept any name.",
+    )
 
 
 @frozen(kw_only=True)

@@ -1,0 +1,165 @@
+"""Per-session capture: the exact token ids the policy saw and generated.
+
+A session holds segments. Each segment is one token sequence the engine was fed, grown call
+by call: the prompt tokens a call added (loss mask 0, log-prob 0.0) followed by the tokens
+the engine generated (mask 1, the engine's behaviour log-probs), appended verbatim.
+
+A request *extends* a segment when its messages start with that segment's recorded messages
+(the agent's earlier turns plus the replies the proxy gave). Then the segment's ids are reused
+as they are, including the policy's own generated ids, and only the new messages are rendered
+and tokenized: the template's end-of-turn text the model did not generate itself (for ChatML,
+the newline after ``<|im_end|>``), then the new turns and the generation prompt. The engine
+therefore sees, byte for byte, the prefix it saw before.
+
+Any other request (compaction, an edited or dropped turn, a changed tool list, or a side
+conversation such as a title request) starts a new segment from the whole rendered prompt.
+With ``on_history_rewrite = "recompute"`` the new segment still reuses the recorded ids of
+the longest unchanged run of leading messages, as context (mask 0), and renders only the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from attrs import define, field, frozen
+
+from slr.contracts import Generation, Segment
+from slr.proxy.messages import Message, Tool, tools_key
+from slr.proxy.render import Renderer
+
+
+@define
+class SegmentState:
+    index: int
+    tools_key: str
+    messages: list[Message] = field(factory=list)
+    ids: list[int] = field(factory=list)
+    mask: list[int] = field(factory=list)
+    logprobs: list[float] = field(factory=list)
+    versions: list[int] = field(factory=list)
+    routing: list[Any] = field(factory=list)
+    boundaries: list[tuple[int, int]] = field(factory=list)
+    closing: str = ""
+    calls: int = 0
+
+    def freeze(self) -> Segment:
+        return Segment(
+            token_ids=self.ids,
+            loss_mask=self.mask,
+            logprobs=self.logprobs,
+            routed_experts=self.routing if any(r is not None for r in self.routing) else None,
+            weights_versions=self.versions,
+        )
+
+
+@frozen(kw_only=True)
+class Prepared:
+    """A prompt ready for the engine, and how to record it once the engine answers."""
+
+    prompt_ids: tuple[int, ...]
+    new_ids: tuple[int, ...]  # the part of prompt_ids this call adds to the segment
+    messages: tuple[Message, ...]
+    tools: tuple[Tool, ...]
+    segment: SegmentState | None  # None: a new segment
+    base: tuple[list[int], list[int], list[float], list[int]] | None = None  # recompute reuse
+    mode: Literal["extend", "new", "reuse"] = "new"
+
+
+class Accumulator:
+    def __init__(self, renderer: Renderer, *, on_rewrite: str = "new_segment") -> None:
+        self.renderer = renderer
+        self.on_rewrite = on_rewrite
+        self.segments: list[SegmentState] = []
+        self.calls = 0
+
+    def prepare(self, messages: Sequence[Message], tools: Sequence[Tool]) -> Prepared:
+        messages, tools = tuple(messages), tuple(tools)
+        tkey = tools_key(tools)
+        keys = [m.key() for m in messages]
+        best: SegmentState | None = None
+        for seg in self.segments:
+            n = len(seg.messages)
+            if seg.tools_key != tkey or n == 0 or n >= len(messages):
+                continue
+            if [m.key() for m in seg.messages] == keys[:n] and (
+                best is None or n > len(best.messages)
+            ):
+                best = seg
+        if best is not None:
+            delta = self.renderer.delta(best.messages, messages[len(best.messages) :], tools)
+            if delta is not None:
+                new_ids = self.renderer.encode(best.closing + delta)
+                return Prepared(
+                    prompt_ids=(*best.ids, *new_ids),
+                    new_ids=tuple(new_ids),
+                    messages=messages,
+                    tools=tools,
+                    segment=best,
+                    mode="extend",
+                )
+        if self.on_rewrite == "recompute":
+            reused = self._reuse(messages, tools, tkey, keys)
+            if reused is not None:
+                return reused
+        ids = self.renderer.encode(self.renderer.render(messages, tools, generation_prompt=True))
+        return Prepared(
+            prompt_ids=tuple(ids), new_ids=tuple(ids), messages=messages, tools=tools, segment=None
+        )
+
+    def _reuse(self, messages, tools, tkey, keys) -> Prepared | None:
+        """Longest recorded run of leading messages that ends with a policy turn, as context."""
+        best: tuple[SegmentState, int, int] | None = None  # (segment, messages, ids)
+        for seg in self.segments:
+            if seg.tools_key != tkey:
+                continue
+            for n, end in reversed(seg.boundaries):
+                if n < len(messages) and [m.key() for m in seg.messages[:n]] == keys[:n]:
+                    if best is None or n > best[1]:
+                        best = (seg, n, end)
+                    break
+        if best is None:
+            return None
+        seg, n, end = best
+        delta = self.renderer.delta(seg.messages[:n], messages[n:], tools)
+        if delta is None:
+            return None
+        closing = self.renderer.closing(seg.ids[:end])
+        new_ids = self.renderer.encode(closing + delta)
+        base = ([*seg.ids[:end]], [0] * end, [0.0] * end, [*seg.versions[:end]])
+        return Prepared(
+            prompt_ids=(*seg.ids[:end], *new_ids),
+            new_ids=tuple(new_ids),
+            messages=messages,
+            tools=tools,
+            segment=None,
+            base=base,
+            mode="reuse",
+        )
+
+    def commit(self, prepared: Prepared, gen: Generation, reply: Message) -> SegmentState:
+        """Record one answered call. Only ever appends to a segment."""
+        seg = prepared.segment
+        if seg is None:
+            seg = SegmentState(index=len(self.segments), tools_key=tools_key(prepared.tools))
+            if prepared.base is not None:
+                ids, mask, lps, versions = prepared.base
+                seg.ids, seg.mask, seg.logprobs, seg.versions = ids, mask, lps, versions
+            self.segments.append(seg)
+        elif len(seg.ids) + len(prepared.new_ids) != len(prepared.prompt_ids):
+            raise RuntimeError("segment changed while a call on it was in flight")
+        n_new, n_gen = len(prepared.new_ids), len(gen.token_ids)
+        seg.ids += [*prepared.new_ids, *gen.token_ids]
+        seg.mask += [0] * n_new + [1] * n_gen
+        seg.logprobs += [0.0] * n_new + [float(x) for x in gen.logprobs]
+        seg.versions += [gen.weights_version] * (n_new + n_gen)
+        seg.routing.append(gen.routed_experts)
+        seg.messages = [*prepared.messages, reply]
+        seg.boundaries.append((len(seg.messages), len(seg.ids)))
+        seg.closing = self.renderer.closing(gen.token_ids)
+        seg.calls += 1
+        self.calls += 1
+        return seg
+
+    def segments_frozen(self) -> list[Segment]:
+        return [s.freeze() for s in self.segments if s.ids]

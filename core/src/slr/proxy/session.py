@@ -1,0 +1,198 @@
+"""One session's state and the API-neutral model call both protocols go through."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import structlog
+from attrs import define, field, frozen
+
+from slr.contracts import (
+    ContextOverflow,
+    Engine,
+    EngineUnavailable,
+    SamplingParams,
+    TerminationReason,
+    Trajectory,
+)
+from slr.proxy.accumulator import Accumulator
+from slr.proxy.errors import ApiError
+from slr.proxy.messages import Message, Tool, ToolCall
+from slr.proxy.render import Renderer
+from slr.proxy.toolparse import ToolParser
+
+log = structlog.get_logger()
+
+Finish = Literal["stop", "length", "tool_calls", "stop_sequence"]
+
+
+@frozen(kw_only=True)
+class ChatRequest:
+    """A model call, whichever API it came from."""
+
+    api: Literal["openai", "anthropic"]
+    messages: tuple[Message, ...] = field(converter=tuple)
+    tools: tuple[Tool, ...] = field(default=(), converter=tuple)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] = field(default=(), converter=tuple)
+    seed: int | None = None
+    parse_tools: bool = True
+    want_tokens: bool = False  # per-token text and log-probs (OpenAI logprobs, streaming)
+
+
+@frozen(kw_only=True)
+class ChatResult:
+    content: str
+    tool_calls: tuple[ToolCall, ...]
+    finish: Finish
+    stop_sequence: str | None
+    prompt_tokens: int
+    reused_tokens: int
+    completion_tokens: int
+    tokens: tuple[tuple[str, float], ...]  # generated tokens shown to the agent: (text, log-prob)
+
+
+@define
+class SessionState:
+    trial_id: str
+    token: str
+    accumulator: Accumulator
+    lock: asyncio.Lock = field(factory=asyncio.Lock)
+    closed: bool = False
+    termination: TerminationReason | None = None
+    turns: list[dict[str, Any]] = field(factory=list)
+
+    def trajectory(self) -> Trajectory:
+        return Trajectory(
+            session_id=self.trial_id,
+            segments=self.accumulator.segments_frozen(),
+            num_calls=self.accumulator.calls,
+        )
+
+
+class Completer:
+    """Render, generate, parse and record one call. Shared by the OpenAI and Anthropic routes."""
+
+    def __init__(
+        self, engine: Engine, renderer: Renderer, parser: ToolParser, defaults: SamplingParams
+    ) -> None:
+        self.engine = engine
+        self.renderer = renderer
+        self.parser = parser
+        self.defaults = defaults
+
+    def count(self, state: SessionState, messages: Sequence[Message], tools: Sequence[Tool]) -> int:
+        return len(state.accumulator.prepare(messages, tools).prompt_ids)
+
+    async def complete(self, state: SessionState, req: ChatRequest) -> ChatResult:
+        async with state.lock:
+            if state.closed:
+                raise ApiError("authentication", f"session {state.token!r} is closed")
+            started = time.perf_counter()
+            prepared = state.accumulator.prepare(req.messages, req.tools)
+            n_prompt = len(prepared.prompt_ids)
+            room = self.engine.max_context - n_prompt
+            if room < 1:
+                raise self._overflow(state, n_prompt)
+            d = self.defaults
+            sampling = SamplingParams(
+                temperature=d.temperature if req.temperature is None else req.temperature,
+                top_p=d.top_p if req.top_p is None else req.top_p,
+                top_k=d.top_k if req.top_k is None else req.top_k,
+                max_tokens=max(1, min(req.max_tokens or d.max_tokens, d.max_tokens, room)),
+                stop=req.stop,
+                stop_token_ids=tuple(sorted(self.renderer.stop_token_ids)),
+                seed=d.seed if req.seed is None else req.seed,
+            )
+            try:
+                gen = await self.engine.generate(
+                    prepared.prompt_ids, sampling, session_id=state.token
+                )
+            except ContextOverflow:
+                raise self._overflow(state, n_prompt) from None
+            except EngineUnavailable as exc:
+                raise ApiError(
+                    "engine_unavailable", f"the policy engine is unavailable: {exc}"
+                ) from exc
+            result = self._result(req, gen, n_prompt, prepared)
+            reply = Message(role="assistant", content=result.content, tool_calls=result.tool_calls)
+            if state.closed:  # closed while generating: answer, but the trajectory is final
+                return result
+            seg = state.accumulator.commit(prepared, gen, reply)
+            state.turns.append(
+                {
+                    "call": state.accumulator.calls,
+                    "api": req.api,
+                    "segment": seg.index,
+                    "mode": prepared.mode,
+                    "prompt_tokens": n_prompt,
+                    "new_prompt_tokens": len(prepared.new_ids),
+                    "new_prompt_text": self.renderer.decode(prepared.new_ids),
+                    "completion_tokens": len(gen.token_ids),
+                    "completion_text": self.renderer.decode(gen.token_ids),
+                    "finish_reason": result.finish,
+                    "tool_calls": [
+                        {"name": c.name, "arguments": c.arguments} for c in result.tool_calls
+                    ],
+                    "weights_version": gen.weights_version,
+                    "seconds": round(time.perf_counter() - started, 4),
+                }
+            )
+            return result
+
+    def _overflow(self, state: SessionState, n_prompt: int) -> ApiError:
+        state.termination = TerminationReason.CONTEXT_OVERFLOW
+        limit = self.engine.max_context
+        log.info("proxy.context_overflow", trial_id=state.trial_id, prompt_tokens=n_prompt)
+        return ApiError(
+            "context_overflow",
+            f"prompt is too long: {n_prompt} tokens > {limit - 1} maximum "
+            f"(the model's context is {limit} tokens, including at least one to generate)",
+            param="messages",
+        )
+
+    def _result(self, req: ChatRequest, gen, n_prompt: int, prepared) -> ChatResult:
+        ids = list(gen.token_ids)
+        stopped_on_token = bool(ids) and ids[-1] in self.renderer.stop_token_ids
+        shown = ids[:-1] if stopped_on_token else ids
+        text = self.renderer.decode(shown, skip_special=True)
+        stop_sequence = None
+        cut = [(text.find(s), s) for s in req.stop if s and s in text]
+        if cut:
+            at, stop_sequence = min(cut)
+            text = text[:at]
+        if req.parse_tools and req.tools:
+            parsed = self.parser.parse(text, req.tools)
+            content, calls = parsed.content, parsed.tool_calls
+        else:
+            content, calls = text, ()
+        if calls:
+            finish: Finish = "tool_calls"
+        elif stop_sequence is not None:
+            finish = "stop_sequence"
+        elif gen.finish_reason == "length" and not stopped_on_token:
+            finish = "length"
+        else:
+            finish = "stop"
+        tokens = ()
+        if req.want_tokens:
+            tokens = tuple(
+                (self.renderer.decode([t]), float(lp))
+                for t, lp in zip(shown, gen.logprobs[: len(shown)], strict=True)
+            )
+        return ChatResult(
+            content=content,
+            tool_calls=calls,
+            finish=finish,
+            stop_sequence=stop_sequence,
+            prompt_tokens=n_prompt,
+            reused_tokens=n_prompt - len(prepared.new_ids),
+            completion_tokens=len(ids),
+            tokens=tokens,
+        )

@@ -1,0 +1,131 @@
+"""Tool-call syntax per model family: how tools are shown to the model, and parsed back.
+
+A parser is chosen by ``[proxy] tool_parser``. It has two jobs:
+
+* ``parse``: split the model's raw completion text into plain content and tool calls. A call
+  that is not valid JSON of the right shape stays in the content as text, so a malformed call
+  reaches the agent as words, never as a crashed request.
+* the ``render_*`` methods: used only when the model's chat template has no tool support of
+  its own (it never mentions ``tools``), to put the tool list into the system prompt, earlier
+  calls into assistant turns and results into user turns, in the family's own syntax.
+
+More families register with ``register_tool_parser(name, factory)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from attrs import frozen
+
+from slr.errors import ConfigError
+from slr.proxy.messages import Message, Tool, ToolCall
+
+
+@frozen(kw_only=True)
+class Parsed:
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+class ToolParser(Protocol):
+    def parse(self, text: str, tools: Sequence[Tool]) -> Parsed: ...
+
+    def render_system(self, system: str, tools: Sequence[Tool]) -> str: ...
+
+    def render_calls(self, content: str, calls: Sequence[ToolCall]) -> str: ...
+
+    def render_results(self, results: Sequence[Message]) -> str: ...
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+class HermesParser:
+    """Hermes / Qwen style: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
+
+    _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+    def parse(self, text: str, tools: Sequence[Tool]) -> Parsed:
+        if not tools or "<tool_call>" not in text:
+            return Parsed(content=text)
+        calls: list[ToolCall] = []
+        kept: list[str] = []
+        pos = 0
+        for match in self._CALL.finditer(text):
+            call = self._call(match.group(1))
+            if call is None:
+                continue  # malformed: leave the text where it is
+            kept.append(text[pos : match.start()])
+            pos = match.end()
+            calls.append(call)
+        kept.append(text[pos:])
+        content = "".join(kept) if calls else text
+        return Parsed(content=content.strip() if calls else content, tool_calls=tuple(calls))
+
+    @staticmethod
+    def _call(body: str) -> ToolCall | None:
+        try:
+            obj = json.loads(body.strip())
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        return ToolCall(id=new_call_id(), name=obj["name"], arguments=args)
+
+    def render_system(self, system: str, tools: Sequence[Tool]) -> str:
+        listing = "\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in tools)
+        block = (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{listing}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments "
+            "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+        )
+        return f"{system}\n\n{block}" if system else block
+
+    def render_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
+        parts = [content] if content else []
+        for call in calls:
+            payload = json.dumps(
+                {"name": call.name, "arguments": call.arguments}, ensure_ascii=False
+            )
+            parts.append(f"<tool_call>\n{payload}\n</tool_call>")
+        return "\n".join(parts)
+
+    def render_results(self, results: Sequence[Message]) -> str:
+        return "\n".join(f"<tool_response>\n{m.content}\n</tool_response>" for m in results)
+
+
+_PARSERS: dict[str, Callable[[], ToolParser]] = {"hermes": HermesParser, "qwen": HermesParser}
+
+
+def register_tool_parser(name: str, factory: Callable[[], ToolParser]) -> None:
+    """Add a parser for another model family (a plugin calls this at import)."""
+    if name in _PARSERS:
+        raise ConfigError(f"tool parser {name!r} is already registered")
+    _PARSERS[name] = factory
+
+
+def get_tool_parser(name: str) -> ToolParser:
+    try:
+        return _PARSERS[name]()
+    except KeyError:
+        raise ConfigError(
+            f"proxy.tool_parser = {name!r} is not a known tool-call parser; "
+            f"known: {', '.join(sorted(_PARSERS))}"
+        ) from None
