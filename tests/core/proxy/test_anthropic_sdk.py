@@ -17,10 +17,10 @@ CLAUDE_CODE_EXTRAS = {
     "metadata": {"user_id": "u"},
     "extra_headers": {"anthropic-beta": "interleaved-thinking-2025-05-14,context-management"},
     "extra_query": {"beta": "true"},
-    "extra_body": {
-        "output_config": {"effort": "low"},
-        "context_management": {"edits": []},
-    },
+    "output_config": {"effort": "low"},
+    "cache_control": {"type": "ephemeral"},
+    # this SDK version has no sampling arguments; clients still send them
+    "extra_body": {"temperature": 0, "context_management": {"edits": []}},
 }
 
 
@@ -44,7 +44,6 @@ def test_tool_round_trip_with_what_claude_code_sends(proxy, tiny_engine, session
         system=system,
         messages=messages,
         tools=ANTHROPIC_TOOLS,
-        temperature=0,
         **CLAUDE_CODE_EXTRAS,
     )
     assert m.stop_reason == "tool_use"
@@ -63,7 +62,7 @@ def test_tool_round_trip_with_what_claude_code_sends(proxy, tiny_engine, session
         system=system,
         messages=messages,
         tools=ANTHROPIC_TOOLS,
-        temperature=0,
+        extra_body={"temperature": 0},
     ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -148,7 +147,9 @@ def test_async_stream_helper_and_header_token(proxy, session):
 def test_sdk_errors_are_typed(proxy, session):
     c = client(session)
     with pytest.raises(anthropic.NotFoundError, match="not served here"):
-        c.messages.create(model="claude-x", max_tokens=4, messages=[{"role": "user", "content": "x"}])
+        c.messages.create(
+            model="claude-x", max_tokens=4, messages=[{"role": "user", "content": "x"}]
+        )
     with pytest.raises(anthropic.BadRequestError, match="image"):
         c.messages.create(
             model="policy",

@@ -32,7 +32,7 @@ def test_non_streaming_chat_is_recorded_exactly(proxy, tiny_engine, session):
         prompt_cache_key="k",
         extra_body={"parallel_tool_calls": False},
     )
-    (prompt, gen), = tiny_engine.of(session)
+    ((prompt, gen),) = tiny_engine.of(session)
     assert r.usage.prompt_tokens == len(prompt)
     assert r.usage.completion_tokens == len(gen.token_ids) <= 8
     assert r.choices[0].finish_reason in ("stop", "length")
