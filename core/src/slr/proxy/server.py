@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import structlog
 import uvicorn
-from attrs import frozen
+from attrs import field, frozen
 from litestar import Litestar, Request, Response, get, head, post
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
@@ -50,7 +50,7 @@ class Session:
     trial_id: str
     token: str
     base_url: str  # http://host:port/s/<token>
-    _state: SessionState
+    _state: SessionState = field(repr=False, eq=False)
 
     @property
     def openai_base_url(self) -> str:
