@@ -7,7 +7,8 @@ Serves a tiny random model (SmolLM2 tokenizer and template, every call generates
 
 * added latency per call at 1 and 32 concurrent sessions: for every call, the client's
   end-to-end time minus the engine's own ``generate`` time for that call (p50 / p99), beside
-  the latency of calling the engine directly. Clients run in a separate process (the openai
+  the latency of calling the engine directly, and the HTTP floor (the same client's
+  ``GET /v1/models`` round trip: SDK + HTTP, no model work). Clients run in a separate process (the openai
   SDK's async client) so their CPU does not count as the proxy's.
 * the proxy's own CPU per call (its thread's CPU time: HTTP, parsing, rendering,
   tokenization, capture; the engine computes in its own thread) at turn 1 and turn N of one
@@ -51,8 +52,13 @@ async def _client(spec):
             )
             out.append(time.perf_counter() - t)
             messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        floor = []
+        for _ in range(spec["calls"]):
+            t = time.perf_counter()
+            await c.models.list()
+            floor.append(time.perf_counter() - t)
         await c.close()
-        return out
+        return out, floor
 
     return await asyncio.gather(*(converse(u) for u in spec["urls"]))
 
@@ -119,7 +125,9 @@ def main() -> None:
                 capture_output=True,
                 text=True,
             )
-            latencies = json.loads(out.stdout)
+            results = json.loads(out.stdout)
+            latencies = [lat for lat, _ in results]
+            floor = [x for _, f in results for x in f]
             added, e2e, eng = [], [], []
             for s, lat in zip(sessions, latencies, strict=True):
                 times = timed.times[s.token]
@@ -128,14 +136,10 @@ def main() -> None:
                 eng += times
                 p.close_session(s)
             # the same prompts straight to the engine, same concurrency
-            prompts = [
-                [
-                    *tok.apply_chat_template(
-                        [{"role": "user", "content": QUESTION}], add_generation_prompt=True
-                    )
-                ]
-                for _ in range(n)
-            ]
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
+            )
+            prompts = [tok.encode(text, add_special_tokens=False) for _ in range(n)]
 
             async def direct(prompts=prompts):
                 async def one(ids, sid):
@@ -153,6 +157,7 @@ def main() -> None:
                 "calls": len(added),
                 "added_ms_p50": round(1000 * pct(added, 50), 2),
                 "added_ms_p99": round(1000 * pct(added, 99), 2),
+                "http_floor_ms_p50": round(1000 * pct(floor, 50), 2),
                 "proxy_e2e_ms_p50": round(1000 * pct(e2e, 50), 1),
                 "proxy_e2e_ms_p99": round(1000 * pct(e2e, 99), 1),
                 "engine_in_proxy_ms_p50": round(1000 * pct(eng, 50), 1),
