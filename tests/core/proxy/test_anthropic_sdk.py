@@ -159,3 +159,39 @@ def test_sdk_errors_are_typed(proxy, session):
     proxy.close_session(session)
     with pytest.raises(anthropic.AuthenticationError, match="no open session"):
         c.messages.create(model="policy", max_tokens=4, messages=[{"role": "user", "content": "x"}])
+
+
+def test_stop_sequence_cuts_the_text_but_not_the_capture(proxy, tiny_engine, session):
+    c = client(session)
+    messages = [{"role": "user", "content": TASK}]
+    first = c.messages.create(
+        model="policy",
+        max_tokens=64,
+        system=SYSTEM,
+        messages=messages,
+        tools=ANTHROPIC_TOOLS,
+        extra_body={"temperature": 0},
+    )
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": TOOL_RESULT}],
+        },
+    ]
+    m = c.messages.create(
+        model="policy",
+        max_tokens=64,
+        system=SYSTEM,
+        messages=messages,
+        tools=ANTHROPIC_TOOLS,
+        stop_sequences=["holds"],
+        extra_body={"temperature": 0},
+    )
+    assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", "holds")
+    assert m.content[0].text == FINAL_TEXT[: FINAL_TEXT.index("holds")]
+    calls = tiny_engine.of(session)
+    (seg,) = proxy.close_session(session).segments
+    assert policy_ids(seg) == [t for _, g in calls for t in g.token_ids]
+    assert "holds" in tiny_engine.tokenizer.decode(calls[1][1].token_ids)

@@ -145,3 +145,34 @@ def test_sdk_errors_are_typed(proxy, session):
     # and the session still works afterwards
     r = c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
     assert r.choices[0].message.role == "assistant"
+
+
+def test_proxy_serves_from_the_callers_event_loop_beside_other_tasks(tiny_engine):
+    """``await proxy.start()`` in a running loop: trial code and the proxy share it."""
+    from slr.contracts import SamplingParams
+    from slr.proxy import Proxy
+
+    async def run():
+        ticks = 0
+
+        async def other_trial_work():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        async with Proxy(tiny_engine, sampling=SamplingParams(max_tokens=4)) as proxy:
+            worker = asyncio.create_task(other_trial_work())
+            session = proxy.open_session("in-loop")
+            c = openai.AsyncOpenAI(base_url=session.openai_base_url, api_key="k", max_retries=0)
+            r = await c.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "Hi"}]
+            )
+            await c.close()
+            worker.cancel()
+            traj = proxy.close_session(session)
+        return r, traj, ticks
+
+    r, traj, ticks = asyncio.run(run())
+    assert r.usage.completion_tokens == traj.segments[0].num_policy_tokens
+    assert ticks > 0
