@@ -195,3 +195,41 @@ def test_stop_sequence_cuts_the_text_but_not_the_capture(proxy, tiny_engine, ses
     (seg,) = proxy.close_session(session).segments
     assert policy_ids(seg) == [t for _, g in calls for t in g.token_ids]
     assert "holds" in tiny_engine.tokenizer.decode(calls[1][1].token_ids)
+
+
+def test_image_in_a_tool_result_becomes_a_placeholder(proxy, tiny_engine, session):
+    c = client(session)
+    c.messages.create(
+        model="policy",
+        max_tokens=2,
+        messages=[
+            {"role": "user", "content": "look"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [
+                            {"type": "text", "text": "screenshot:"},
+                            {
+                                "type": "image",
+                                "source": {
+                                    "type": "base64",
+                                    "media_type": "image/png",
+                                    "data": "iVBO",
+                                },
+                            },
+                        ],
+                    }
+                ],
+            },
+        ],
+        tools=ANTHROPIC_TOOLS,
+    )
+    ((prompt, _),) = tiny_engine.of(session)
+    assert "screenshot:\n[image block omitted" in tiny_engine.tokenizer.decode(prompt)
