@@ -88,8 +88,16 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--turns", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument(
+        "--switch-interval",
+        type=float,
+        help="sys.setswitchinterval for this process (GIL hand-over between the proxy's loop "
+        "and the engine's thread; Python's default is 0.005 s)",
+    )
     ap.add_argument("--client", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     if args.client:
         print(json.dumps(asyncio.run(_client(json.loads(args.client)))))
         return
@@ -111,6 +119,10 @@ def main() -> None:
     proxy = Proxy(timed, ProxySection(), sampling=SamplingParams(max_tokens=args.max_tokens))
     report = {}
     pt = ProxyThread(proxy)
+
+    async def cpu():
+        return time.thread_time()
+
     with pt as p:
         for n in args.concurrency:
             sessions = [p.open_session(f"bench-{n}-{i}") for i in range(n)]
@@ -119,12 +131,14 @@ def main() -> None:
                 "calls": args.calls,
                 "max_tokens": args.max_tokens,
             }
+            cpu_before = pt.call(cpu())
             out = subprocess.run(
                 [sys.executable, __file__, "--client", json.dumps(spec)],
                 check=True,
                 capture_output=True,
                 text=True,
             )
+            cpu_total = pt.call(cpu()) - cpu_before
             results = json.loads(out.stdout)
             latencies = [lat for lat, _ in results]
             floor = [x for _, f in results for x in f]
@@ -158,6 +172,9 @@ def main() -> None:
                 "added_ms_p50": round(1000 * pct(added, 50), 2),
                 "added_ms_p99": round(1000 * pct(added, 99), 2),
                 "http_floor_ms_p50": round(1000 * pct(floor, 50), 2),
+                "proxy_thread_cpu_ms_per_request": round(
+                    1000 * cpu_total / (len(added) + len(floor)), 2
+                ),
                 "proxy_e2e_ms_p50": round(1000 * pct(e2e, 50), 1),
                 "proxy_e2e_ms_p99": round(1000 * pct(e2e, 99), 1),
                 "engine_in_proxy_ms_p50": round(1000 * pct(eng, 50), 1),
@@ -170,9 +187,6 @@ def main() -> None:
 
         s = p.open_session("bench-long")
         c = openai.OpenAI(base_url=s.openai_base_url, api_key="k", max_retries=0)
-
-        async def cpu():
-            return time.thread_time()
 
         messages, cpu_ms, prompt_tokens = [], [], []
         for i in range(args.turns):
