@@ -176,3 +176,19 @@ def test_proxy_serves_from_the_callers_event_loop_beside_other_tasks(tiny_engine
     r, traj, ticks = asyncio.run(run())
     assert r.usage.completion_tokens == traj.segments[0].num_policy_tokens
     assert ticks > 0
+
+
+def test_streamed_tool_call_deltas_assemble_in_the_sdk(proxy, session):
+    """What OpenCode does: always streaming, tool calls arrive as deltas."""
+    c = client(session)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+    with c.chat.completions.stream(
+        model="policy", messages=messages, tools=OPENAI_TOOLS, temperature=0, tool_choice="auto"
+    ) as stream:
+        done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
+        final = stream.get_final_completion()
+    assert [(e.name, json.loads(e.arguments)) for e in done] == [("bash", {"command": "ls"})]
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls[0].function.name == "bash"
+    assert choice.message.tool_calls[0].id.startswith("call_")
