@@ -192,3 +192,23 @@ def test_streamed_tool_call_deltas_assemble_in_the_sdk(proxy, session):
     assert choice.finish_reason == "tool_calls"
     assert choice.message.tool_calls[0].function.name == "bash"
     assert choice.message.tool_calls[0].id.startswith("call_")
+
+
+def test_proxy_sessions_is_the_trials_session_factory(proxy, tmp_path):
+    from slr.proxy import ProxySessions
+
+    sessions = ProxySessions(proxy, protocol="openai", transcripts=tmp_path)
+
+    async def trial():
+        endpoint, handle = await sessions.open("trial-1")
+        c = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+        await c.chat.completions.create(
+            model=endpoint.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+        )
+        await c.close()
+        return await sessions.close(handle), handle
+
+    trajectory, handle = asyncio.run(trial())
+    assert trajectory.num_calls == 1 and trajectory.session_id == "trial-1"
+    assert handle.termination is None
+    assert json.loads((tmp_path / "trial-1" / "proxy.json").read_text())["calls"]

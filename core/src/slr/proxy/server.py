@@ -210,6 +210,39 @@ class Proxy:
             )
 
 
+class ProxySessions:
+    """The proxy as ``slr.trial.SessionFactory``: one session per trial.
+
+    ``protocol`` is the agent's API (``AgentAdapter.protocol``), which picks the base URL;
+    ``model`` is the name the agent sends. With ``transcripts`` (the run directory's
+    ``trials/`` folder) each closed session leaves its ``<trial_id>/proxy.json``. The handle
+    is the ``Session``: ``handle.termination`` says whether the proxy ended the conversation.
+    """
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        *,
+        protocol: str,
+        model: str | None = None,
+        transcripts: Path | None = None,
+    ) -> None:
+        self.proxy = proxy
+        self.protocol = protocol
+        self.model = model or (proxy.model_names[0] if proxy.model_names else "policy")
+        self.transcripts = transcripts
+
+    async def open(self, trial_id: str) -> tuple[Endpoint, Session]:
+        session = self.proxy.open_session(trial_id)
+        return session.endpoint(self.protocol, model=self.model), session
+
+    async def close(self, handle: Session) -> Trajectory:
+        trajectory = self.proxy.close_session(handle)
+        if self.transcripts is not None:
+            self.proxy.write_transcript(handle, self.transcripts)
+        return trajectory
+
+
 class ProxyThread:
     """Run a proxy on its own event loop in a daemon thread (for code without a loop)."""
 
