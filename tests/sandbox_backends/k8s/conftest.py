@@ -11,10 +11,12 @@ import os
 import uuid
 from pathlib import Path
 
+import attrs
 import pytest
 from k8s_support import NAMESPACE, py_task, run
 from slr_backend_k8s import K8sBackendConfig
 from slr_backend_k8s.backend import K8sBackend
+from slr_backend_k8s.forward import local_address_towards
 
 
 @pytest.fixture(scope="session")
@@ -88,9 +90,20 @@ def k8s_config(kubeconfig, containerd_address) -> K8sBackendConfig:
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def backend(k8s_config):
+    """The default backend (network = 'loopback'); no pod of this process may outlive it."""
     b = K8sBackend(k8s_config)
+    yield b
+    leftovers = [p.metadata.name for p in b.list_pods(**{"slr.owner_pid": str(os.getpid())})]
+    run(b.close())
+    assert leftovers == [], f"pods left behind: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def policy_backend(k8s_config):
+    """network = 'policy': the pod keeps eth0, a NetworkPolicy fences it, TCP proxy link."""
+    b = K8sBackend(attrs.evolve(k8s_config, network="policy"))
     yield b
     run(b.close())
 
@@ -105,3 +118,20 @@ def sandbox(backend, trial_id):
     sb = run(backend.start(py_task(), trial_id=trial_id, labels={"slr.run": "tests"}))
     yield sb
     run(sb.stop())
+
+
+@pytest.fixture
+def policy_sandbox(policy_backend, trial_id):
+    sb = run(policy_backend.start(py_task(), trial_id=trial_id, labels={"slr.run": "tests"}))
+    yield sb
+    run(sb.stop())
+
+
+@pytest.fixture(scope="session")
+def pod_gateway(policy_backend) -> str:
+    """This machine's address on the pod network (what a pod with a network could dial)."""
+    sb = run(policy_backend.start(py_task("gw"), trial_id="gateway-probe", labels={}))
+    try:
+        return local_address_towards(sb.pod_ip)
+    finally:
+        run(sb.stop())

@@ -120,7 +120,19 @@ FETCH = (
 )
 
 
-def test_pod_reaches_a_loopback_proxy_through_proxy_url(sandbox, host_server):
+def test_loopback_pod_has_only_lo_and_reaches_the_proxy(sandbox, host_server):
+    assert run(sandbox.exec("cat /proc/net/dev")).stdout.count(":") == 1  # lo only
+    url = sandbox.proxy_url(host_server + "/s/abc")
+    assert url.startswith("http://127.0.0.1:")
+    res = run(sandbox.exec(["python3", "-c", FETCH, url]))
+    assert res.stdout.strip() == "proxy saw /s/abc", res
+    run(sandbox.set_network("none"))
+    res = run(sandbox.exec(["python3", "-c", FETCH, url], timeout_s=20))
+    assert not res.ok
+
+
+def test_policy_pod_reaches_a_loopback_proxy_through_proxy_url(policy_sandbox, host_server):
+    sandbox = policy_sandbox
     url = sandbox.proxy_url(host_server + "/s/abc")
     assert "127.0.0.1" not in url
     res = run(sandbox.exec(["python3", "-c", FETCH, url]))
@@ -133,11 +145,11 @@ def test_pod_reaches_a_loopback_proxy_through_proxy_url(sandbox, host_server):
         sandbox.proxy_url(host_server)
 
 
-def test_one_pods_link_refuses_another_pod(backend, sandbox, host_server, trial_id):
+def test_one_pods_link_refuses_another_pod(policy_backend, policy_sandbox, host_server, trial_id):
     from k8s_support import py_task
 
-    url = sandbox.proxy_url(host_server + "/mine")
-    other = run(backend.start(py_task("other"), trial_id=trial_id + "-b", labels={}))
+    url = policy_sandbox.proxy_url(host_server + "/mine")
+    other = run(policy_backend.start(py_task("other"), trial_id=trial_id + "-b", labels={}))
     try:
         res = run(other.exec(["python3", "-c", FETCH, url], timeout_s=20))
         assert not res.ok
@@ -145,8 +157,9 @@ def test_one_pods_link_refuses_another_pod(backend, sandbox, host_server, trial_
         run(other.stop())
 
 
-def test_network_policy_follows_the_phases(backend, sandbox):
-    net = backend.api.networking
+def test_network_policy_follows_the_phases(policy_backend, policy_sandbox):
+    sandbox = policy_sandbox
+    net = policy_backend.api.networking
     policy = net.read_namespaced_network_policy(sandbox.name, NAMESPACE)
     assert policy.spec.pod_selector.match_labels == {"slr.pod": sandbox.name}
     assert len(policy.spec.egress) == 1  # the proxy only

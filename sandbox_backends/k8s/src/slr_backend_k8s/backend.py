@@ -21,6 +21,8 @@ from typing import Any
 import structlog
 
 from slr.contracts import SandboxError
+from slr.sandboxing import ProxyLink
+from slr.sandboxing.relay import READY
 from slr_backend_k8s.api import (
     REQUEST_TIMEOUT,
     ImageUnavailable,
@@ -120,7 +122,11 @@ class K8sBackend:
             raise
         name = pod_name(task.id)
         pod_labels, annotations = trial_labels(task.id, trial_id, labels)
+        link = None
         try:
+            if self.loopback:
+                link = ProxyLink(parent=self.config.link_dir)
+                link.start()
             manifest = pod_manifest(
                 name=name,
                 task=task,
@@ -130,19 +136,22 @@ class K8sBackend:
                 labels=pod_labels,
                 annotations=annotations,
                 mounts=mounts or {},
+                link_dir=str(link.dir) if link is not None else None,
             )
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:
             self._slots.release()
-            raise SandboxError(str(exc)) from exc
+            if link is not None:
+                link.remove()
+            raise SandboxError(f"cannot prepare pod {name} for task {task.id}: {exc}") from exc
         job = self.pool.submit(self._create_and_wait, name, manifest, image, task)
         try:
             pod = await asyncio.shield(asyncio.wrap_future(job))
         except asyncio.CancelledError:
             # The pod may be created after this point: delete whatever the job left.
-            job.add_done_callback(lambda _: self._abandon(name))
+            job.add_done_callback(lambda _: self._abandon(name, link))
             raise
         except BaseException:
-            await self.call(self._abandon, name)
+            await self.call(self._abandon, name, link)
             raise
         sandbox = K8sSandbox(
             backend=self,
@@ -150,17 +159,26 @@ class K8sBackend:
             labels={**pod_labels, "slr.pod": name},
             pod_ip=pod.status.pod_ip or "",
             node=pod.spec.node_name or "",
-            proxy_host=self._proxy_host(pod.status.pod_ip),
+            proxy_host=None if self.loopback else self._proxy_host(pod.status.pod_ip),
+            link=link,
         )
         with self._live_lock:
             self._live[name] = sandbox
-        if self.config.network_policy:
+        if self.uses_policy:
             try:
                 await self.call(self._create_policy, sandbox)
             except BaseException:
                 await sandbox.stop()
                 raise
         return sandbox
+
+    @property
+    def loopback(self) -> bool:
+        return self.config.network == "loopback"
+
+    @property
+    def uses_policy(self) -> bool:
+        return self.config.network == "policy" and self.config.network_policy
 
     def _acquire_slot(self, cancelled: threading.Event) -> None:
         while not self._slots.acquire(timeout=0.25):
@@ -192,8 +210,9 @@ class K8sBackend:
             except Exception as exc:
                 raise explain(exc, f"waiting for pod {name}", api=self.api, namespace=ns) from exc
             if pod.status.phase == "Running" and _container_running(pod):
-                log.debug("pod running", pod=name, seconds=round(time.monotonic() - started, 2))
-                return pod
+                if not self.loopback or self._relay_ready(name):
+                    log.debug("pod ready", pod=name, seconds=round(time.monotonic() - started, 2))
+                    return pod
             self._fail_fast(pod, image, task)
             time.sleep(_POLL_S)
         raise PodStartTimeout(
@@ -203,6 +222,16 @@ class K8sBackend:
             f"Check the node's capacity (kubectl describe pod), lower backend.request_ratio or "
             f"max_concurrent_pods, or raise pod_start_timeout_s"
         )
+
+    def _relay_ready(self, name: str) -> bool:
+        """Whether the in-pod relay listens yet (the first exec may dial the proxy)."""
+        try:
+            out = self.api.core.read_namespaced_pod_log(
+                name, self.config.namespace, container=CONTAINER, _request_timeout=REQUEST_TIMEOUT
+            )
+        except Exception as exc:
+            raise explain(exc, f"reading the log of pod {name}", api=self.api) from exc
+        return READY in (out or "")
 
     def _fail_fast(self, pod: Any, image: str, task: Any) -> None:
         name = pod.metadata.name
@@ -230,17 +259,44 @@ class K8sBackend:
                     f"({waiting.reason}): {waiting.message}"
                 )
             terminated = status.state.terminated if status.state else None
+            if terminated is not None and terminated.exit_code != 0:
+                hint = (
+                    " network = 'loopback' needs python3 in the task image and NET_ADMIN for "
+                    "its init container (or use network = 'policy')."
+                    if self.loopback
+                    else " The task image needs /bin/sh."
+                )
+                raise K8sError(
+                    f"container {status.name} of pod {name} (task {task.id}) failed at start "
+                    f"({terminated.reason}, exit {terminated.exit_code}): "
+                    f"{(terminated.message or '').strip()}{self._log_tail(name, status.name)}.{hint}"
+                )
+        for status in pod.status.container_statuses or []:
+            terminated = status.state.terminated if status.state else None
             if terminated is not None:
                 raise K8sError(
                     f"the container of pod {name} (task {task.id}) exited at start "
-                    f"({terminated.reason}, exit {terminated.exit_code}): {terminated.message or ''}."
-                    f" The task image needs /bin/sh"
+                    f"({terminated.reason}, exit {terminated.exit_code})"
+                    f"{self._log_tail(name, status.name)}"
                 )
         if pod.status.phase in ("Failed", "Succeeded"):
             raise K8sError(
                 f"pod {name} for task {task.id} ended before it ran ({pod.status.phase}: "
                 f"{pod.status.reason or ''} {pod.status.message or ''})"
             )
+
+    def _log_tail(self, name: str, container: str) -> str:
+        try:
+            out = self.api.core.read_namespaced_pod_log(
+                name,
+                self.config.namespace,
+                container=container,
+                tail_lines=20,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except Exception:
+            return ""
+        return f" (log: {out.strip()[-600:]})" if out and out.strip() else ""
 
     def _why_pending(self, pod: Any) -> str:
         if pod is None:
@@ -329,7 +385,7 @@ class K8sBackend:
                     )
                     return
                 time.sleep(0.5 * (attempt + 1))
-        if self.config.network_policy:
+        if self.uses_policy:
             try:
                 self.api.networking.delete_namespaced_network_policy(
                     name, ns, _request_timeout=REQUEST_TIMEOUT
@@ -338,13 +394,15 @@ class K8sBackend:
                 if not is_not_found(exc):
                     log.warning("could not delete a NetworkPolicy", name=name, error=str(exc))
 
-    def _abandon(self, name: str) -> None:
+    def _abandon(self, name: str, link: ProxyLink | None = None) -> None:
         """A start failed or was cancelled: delete what it made and free its slot."""
         try:
             self._delete(name)
         except Exception as exc:  # cleanup after another failure: report, do not mask it
             log.warning("could not delete a failed pod", pod=name, error=str(exc))
         finally:
+            if link is not None:
+                link.remove()
             self._slots.release()
 
     # -- orphans -------------------------------------------------------------------------

@@ -106,9 +106,28 @@ class K8sBackendConfig:
         None, doc="Docker daemon that builds the task images; default: DOCKER_HOST."
     )
     # -- networking ----------------------------------------------------------------------
+    network: Literal["loopback", "policy"] = option(
+        "loopback",
+        doc="How the agent phase is fenced in. 'loopback': an init container (task image, "
+        "NET_ADMIN) deletes the pod's interfaces but lo, and the proxy is reached through a "
+        "unix socket on a hostPath, relayed to 127.0.0.1 inside the pod (single-node clusters "
+        "where this machine is the node; needs python3 in the image). 'policy': the pod keeps "
+        "its network and a NetworkPolicy allows egress only to the proxy (any cluster whose "
+        "CNI enforces NetworkPolicy).",
+    )
+    link_port: int = option(
+        47110,
+        doc="network = 'loopback': port on the pod's loopback where the agent reaches the proxy.",
+        validator=[validators.ge(1), validators.le(65535)],
+    )
+    link_dir: str | None = option(
+        None,
+        doc="network = 'loopback': host folder for the per-trial proxy sockets (must be on "
+        "the node); default: a temporary folder.",
+    )
     proxy_host: str = option(
         "gateway",
-        doc="Address the pods dial to reach slr's proxy: 'gateway' = the pod network's "
+        doc="network = 'policy': address the pods dial to reach slr's proxy: 'gateway' = the pod network's "
         "gateway on the node (this machine, on a single-node dev cluster), or an IP / DNS "
         "name (node IP, Service, the slr pod's IP).",
     )
@@ -124,8 +143,9 @@ class K8sBackendConfig:
     )
     network_policy: bool = option(
         True,
-        doc="Create a NetworkPolicy per pod: no ingress, egress only to the proxy during the "
-        "agent phase. Needs a CNI that enforces NetworkPolicy; others ignore it silently.",
+        doc="network = 'policy': create a NetworkPolicy per pod: no ingress, egress only to "
+        "the proxy during the agent phase. Needs a CNI that enforces NetworkPolicy; others "
+        "ignore it silently.",
     )
     # -- agent bundles -------------------------------------------------------------------
     bundle_mode: Literal["hostPath", "image"] = option(

@@ -43,6 +43,29 @@ IDLE_COMMAND = [
     IDLE_TAG,
 ]
 
+# network = "loopback": the proxy link folder (relay.py + proxy.sock) is mounted here, and the
+# relay is the container's main process (its argv holds RELAY_TAG).
+LINK_MOUNT = "/run/slr"
+RELAY_TAG = f"{LINK_MOUNT}/relay.py"
+
+# Init container of network = "loopback" (runs with NET_ADMIN, which the sandbox itself never
+# gets): delete every interface of the pod's network namespace but lo, over rtnetlink.
+DROP_INTERFACES = r"""
+import os, socket, struct
+names = [l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:] if ":" in l]
+for name in names:
+    if name == "lo":
+        continue
+    index = socket.if_nametoindex(name)
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+    body = struct.pack("BxHiII", socket.AF_UNSPEC, 0, index, 0, 0)
+    s.send(struct.pack("IHHII", 16 + len(body), 17, 1 | 4, 1, 0) + body)  # RTM_DELLINK, REQUEST|ACK
+    err = struct.unpack("i", s.recv(4096)[16:20])[0]
+    if err:
+        raise OSError(-err, os.strerror(-err), name)
+    print("removed", name)
+"""
+
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
 
@@ -145,10 +168,16 @@ def pod_manifest(
     labels: dict[str, str],
     annotations: dict[str, str],
     mounts: Mapping[Path, str],
+    link_dir: str | None = None,
 ) -> dict[str, Any]:
-    """The pod of one trial: the task image idling as PID 1, limits, deadline, no API token."""
+    """The pod of one trial: the task image idling, limits, deadline, no API token.
+
+    With ``link_dir`` (network = "loopback") the pod keeps only lo, and its main process is
+    the relay from 127.0.0.1:link_port to the proxy socket in ``link_dir``.
+    """
     env = task.environment
     volumes, volume_mounts, init_containers = _bundle_volumes(mounts, config, pull_policy)
+    res = resources(env, config)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
@@ -156,9 +185,30 @@ def pod_manifest(
         "command": IDLE_COMMAND,
         "stdin": True,
         "env": [{"name": k, "value": str(v)} for k, v in (getattr(env, "env", None) or {}).items()],
-        "resources": resources(env, config),
+        "resources": res,
         "volumeMounts": volume_mounts,
     }
+    if link_dir is not None:
+        volumes.append({"name": "slr-link", "hostPath": {"path": link_dir, "type": "Directory"}})
+        volume_mounts.append({"name": "slr-link", "mountPath": LINK_MOUNT, "readOnly": True})
+        container["command"] = [
+            "python3",
+            RELAY_TAG,
+            str(config.link_port),
+            f"{LINK_MOUNT}/proxy.sock",
+        ]
+        container["stdin"] = False
+        init_containers.insert(
+            0,
+            {
+                "name": "slr-drop-network",
+                "image": image,
+                "imagePullPolicy": pull_policy,
+                "command": ["python3", "-c", DROP_INTERFACES],
+                "resources": res,
+                "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}},
+            },
+        )
     workdir = getattr(env, "workdir", None)
     if workdir:
         container["workingDir"] = workdir

@@ -19,10 +19,11 @@ from urllib.parse import urlsplit, urlunsplit
 import structlog
 
 from slr.contracts import ExecResult, SandboxError
+from slr.sandboxing import ProxyLink, inner_proxy_url
 from slr_backend_k8s import execstream
 from slr_backend_k8s.api import K8sError, PodGone, explain, is_not_found
 from slr_backend_k8s.forward import Forwarder
-from slr_backend_k8s.podspec import CONTAINER, IDLE_TAG, network_policy
+from slr_backend_k8s.podspec import CONTAINER, IDLE_TAG, RELAY_TAG, network_policy
 
 if TYPE_CHECKING:
     from slr_backend_k8s.backend import K8sBackend
@@ -44,6 +45,7 @@ class K8sSandbox:
         pod_ip: str,
         node: str,
         proxy_host: str | None,
+        link: ProxyLink | None = None,
     ) -> None:
         self.backend = backend
         self.id = name
@@ -55,6 +57,7 @@ class K8sSandbox:
         self.proxy_host = proxy_host
         self.network = "proxy-only"
         self.forwarder: Forwarder | None = None
+        self.link = link
         self._stopped = False
         self._lock = threading.Lock()
 
@@ -156,7 +159,8 @@ class K8sSandbox:
 
     async def end_processes(self) -> None:
         """Kill everything but the pod's own idle processes: nothing the agent started survives."""
-        res = await self._exec(["sh", "-c", execstream.END_PROCESSES, "slr-end", IDLE_TAG], cwd="/")
+        keep = RELAY_TAG if self.link is not None else IDLE_TAG
+        res = await self._exec(["sh", "-c", execstream.END_PROCESSES, "slr-end", keep], cwd="/")
         if not res.ok:
             raise SandboxError(f"could not end the processes in pod {self.name}: {res.stderr}")
 
@@ -251,7 +255,14 @@ class K8sSandbox:
     # -- network -------------------------------------------------------------------------
 
     def proxy_url(self, host_url: str) -> str:
-        """``host_url`` as the pod reaches it: through this sandbox's forwarder, or rewritten."""
+        """``host_url`` as the pod reaches it: relayed on its loopback, forwarded, or rewritten."""
+        if self.link is not None:
+            with self._lock:
+                if self.network != "proxy-only":
+                    raise SandboxError("the proxy link is closed after the agent phase")
+                inner, target = inner_proxy_url(host_url, self.backend.config.link_port)
+                self.link.set_target(*target)
+            return inner
         parts = urlsplit(host_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"proxy URL {host_url!r} is not an http(s) URL with a host")
@@ -283,7 +294,16 @@ class K8sSandbox:
             self.network = mode
             if self.forwarder is not None:
                 self.forwarder.close()
-        if self.backend.config.network_policy:
+            if self.link is not None:
+                self.link.close()
+        if self.link is not None and mode == "full":
+            # The init container deleted the pod's interfaces; they cannot come back.
+            log.warning(
+                "network = 'loopback' cannot give the verifier phase network access; it runs "
+                "without network (use backend.network = 'policy' for tasks that need it)",
+                pod=self.name,
+            )
+        if self.backend.uses_policy:
             await self.backend.call(self._replace_policy, mode)
 
     def _replace_policy(self, mode: str) -> None:
@@ -324,7 +344,11 @@ class K8sSandbox:
             self._stopped = True
             if self.forwarder is not None:
                 self.forwarder.close()
-        await self.backend.release(self)
+        try:
+            await self.backend.release(self)
+        finally:
+            if self.link is not None:
+                self.link.remove()
 
 
 def _as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
