@@ -109,7 +109,7 @@ def admin_core(kubeconfig):
 def quota_namespace(admin_core):
     ns = f"slr-quota-{int(time.time() * 1000) % 100000}"
     admin_core.create_namespace({"metadata": {"name": ns}})
-    admin_core.create_namespace_resource_quota(
+    admin_core.create_namespaced_resource_quota(
         ns, {"metadata": {"name": "tiny"}, "spec": {"hard": {"limits.memory": "64Mi"}}}
     )
     deadline = time.monotonic() + 60

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from k8s_support import NAMESPACE, run
+from kubernetes.utils import parse_quantity
 
 from slr.contracts import AgentOutcome, Bundle, TerminationReason
 from slr.plugins import get_plugin_manager
@@ -83,8 +84,8 @@ def test_task_pod_has_the_tasks_limits_labels_and_workdir(backend, example_tasks
 
     pod, pwd = run(go())
     limits = pod.spec.containers[0].resources.limits
-    assert limits["memory"] == f"{task.environment.memory_mb}Mi"
-    assert limits["cpu"] == f"{round(task.environment.cpus * 1000)}m"
+    assert parse_quantity(limits["memory"]) == task.environment.memory_mb * 2**20
+    assert parse_quantity(limits["cpu"]) == parse_quantity(str(task.environment.cpus))
     labels = pod.metadata.labels
     assert labels["slr.trial_id"] == "limits-1" and labels["slr.run_id"] == "r1"
     assert labels["slr.task_id"] == "fix-median"

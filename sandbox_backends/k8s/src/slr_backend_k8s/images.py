@@ -172,6 +172,16 @@ class ImageLoader:
     def _import_into_containerd(self, task: Any, ref: str) -> None:
         import docker.errors
 
+        try:
+            self.builder.client.images.get(ref)
+        except docker.errors.NotFound as exc:
+            raise ImageUnavailable(
+                f"image {ref} for task {task.id} is neither in the cluster's containerd "
+                f"({self.containerd_address}) nor on the docker daemon, so it cannot be loaded: "
+                f"build it or `docker load` it first"
+            ) from exc
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"docker daemon error looking up image {ref}: {exc}") from exc
         log.info("loading image into the node's containerd", image=ref, task_id=task.id)
         ctr = shutil.which(self.config.ctr) or self.config.ctr
         proc = subprocess.Popen(
@@ -184,12 +194,6 @@ class ImageLoader:
         try:
             for chunk in self.builder.client.api.get_image(ref):
                 proc.stdin.write(chunk)
-        except docker.errors.ImageNotFound as exc:
-            proc.kill()
-            raise ImageUnavailable(
-                f"image {ref} for task {task.id} is not on the docker daemon, so it cannot be "
-                f"loaded into the cluster: build it (or docker load it) first"
-            ) from exc
         except (BrokenPipeError, docker.errors.DockerException) as exc:
             proc.kill()
             raise SandboxError(f"could not export image {ref} from docker: {exc}") from exc
