@@ -210,3 +210,26 @@ def test_stop_deletes_the_pod_at_once(backend, trial_id):
     run(sb.stop())
     run(sb.stop())  # idempotent
     assert backend.list_pods(**{"slr.trial_id": trial_id}) == []
+
+
+def test_bundle_folder_is_mounted_read_only(backend, tmp_path, trial_id):
+    from k8s_support import py_task
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "agent").write_text("#!/bin/sh\necho agent-ran\n")
+    (tmp_path / "bin" / "agent").chmod(0o755)
+
+    async def go():
+        sb = await backend.start(
+            py_task(), trial_id=trial_id, labels={}, mounts={tmp_path: "/opt/slr/agent"}
+        )
+        try:
+            ran = await sb.exec("/opt/slr/agent/bin/agent")
+            write = await sb.exec("touch /opt/slr/agent/x")
+            return ran, write
+        finally:
+            await sb.stop()
+
+    ran, write = run(go())
+    assert ran.stdout == "agent-ran\n"
+    assert write.exit_code != 0 and "Read-only" in write.stderr
