@@ -219,8 +219,9 @@ class K8sBackend:
             f"pod {name} for task {task.id} was not running after "
             f"backend.pod_start_timeout_s = {self.config.pod_start_timeout_s:g}s "
             f"(this is the sandbox start, not the agent's timeout): {self._why_pending(pod)}. "
-            f"Check the node's capacity (kubectl describe pod), lower backend.request_ratio or "
-            f"max_concurrent_pods, or raise pod_start_timeout_s"
+            f"Check that a node matches backend.node_selector / tolerations and has room "
+            f"(kubectl describe pod), lower backend.request_ratio or max_concurrent_pods, or "
+            f"raise pod_start_timeout_s"
         )
 
     def _relay_ready(self, name: str) -> bool:
