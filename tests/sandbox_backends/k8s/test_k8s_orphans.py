@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import pytest
 from k8s_support import NAMESPACE, py_task, run
 from slr_backend_k8s.api import PodGone
 from slr_backend_k8s.backend import K8sBackend
+
+from slr.sandboxing.proxy_link import LINK_PREFIX, OWNER_FILE
 
 pytestmark = pytest.mark.k8s
 
@@ -63,6 +66,11 @@ def test_a_killed_runs_pods_are_removed_at_the_next_start(backend, sandbox, k8s_
         run(fresh.close())
     assert removed >= 1
     assert backend.list_pods(**{"slr.trial_id": trial_id + "-orphan"}) == []
+    # ... and its proxy link folder on this machine.
+    owners = [
+        p.read_text() for p in Path(tempfile.gettempdir()).glob(f"{LINK_PREFIX}*/{OWNER_FILE}")
+    ]
+    assert str(proc.pid) not in owners
     # A live process's sandbox is not an orphan.
     assert run(sandbox.exec("echo still here")).stdout == "still here\n"
     net = backend.api.networking

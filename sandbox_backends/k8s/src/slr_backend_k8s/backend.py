@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from slr.contracts import SandboxError
-from slr.sandboxing import ProxyLink
+from slr.sandboxing import ProxyLink, remove_stale_links
 from slr.sandboxing.relay import READY
 from slr_backend_k8s.api import (
     REQUEST_TIMEOUT,
@@ -443,6 +443,10 @@ class K8sBackend:
             for policy in policies:
                 if policy.metadata.name not in current:
                     self._delete_policy_quietly(policy.metadata.name)
+        if self.loopback:
+            links = remove_stale_links(self.config.link_dir)
+            if links:
+                log.info("removed proxy link folders of dead processes", count=links)
         return removed
 
     def _list_pods(self, selector: str) -> list[Any]:
