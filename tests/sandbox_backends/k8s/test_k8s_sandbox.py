@@ -233,3 +233,8 @@ def test_bundle_folder_is_mounted_read_only(backend, tmp_path, trial_id):
     ran, write = run(go())
     assert ran.stdout == "agent-ran\n"
     assert write.exit_code != 0 and "Read-only" in write.stderr
+
+
+def test_logs_are_the_pods_own_output(sandbox):
+    # network = 'loopback': the pod's main process is the proxy relay, which says when it is up.
+    assert "slr-relay ready" in run(sandbox.logs())
