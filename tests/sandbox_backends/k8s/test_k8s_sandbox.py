@@ -82,9 +82,9 @@ def test_upload_a_folder_and_download_a_folder(sandbox, tmp_path):
     (src / "sub" / "x.bin").write_bytes(bytes(range(256)) * 4000)
     (src / "run.sh").write_text("#!/bin/sh\necho ran\n")
     (src / "run.sh").chmod(0o755)
-    run(sandbox.upload(src, "/work/deep/tree"))
-    assert run(sandbox.exec("/work/deep/tree/run.sh")).stdout == "ran\n"
-    run(sandbox.download("/work/deep/tree", tmp_path / "back"))
+    run(sandbox.upload(src, "/srv/deep/tree"))
+    assert run(sandbox.exec("/srv/deep/tree/run.sh")).stdout == "ran\n"
+    run(sandbox.download("/srv/deep/tree", tmp_path / "back"))
     assert (tmp_path / "back" / "sub" / "x.bin").read_bytes() == bytes(range(256)) * 4000
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import os
 import socket
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import structlog
 
 from slr.contracts import SandboxError
-from slr.sandboxing import ProxyLink, remove_stale_links
+from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr.sandboxing.relay import READY
 from slr_backend_k8s.api import (
     REQUEST_TIMEOUT,
@@ -497,18 +496,11 @@ def _container_running(pod: Any) -> bool:
 
 def _owner_alive(labels: Mapping[str, str]) -> bool:
     pid = labels.get(LABEL_OWNER_PID, "")
-    if not pid.isdigit():
+    if not pid.isdigit() or not pid_alive(int(pid)):
         return False
-    pid_n = int(pid)
-    try:
-        os.kill(pid_n, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
     # A reused PID belongs to a different process: compare the kernel's start times.
     start = labels.get(LABEL_OWNER_START, "")
-    return not start or start == "0" or process_start_time(pid_n) == start
+    return not start or start == "0" or process_start_time(int(pid)) == start
 
 
 def _is_ip(host: str | None) -> bool:
