@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/sandbox_start.py               # docker (needs dockerd + base image)
     .venv/bin/python bench/sandbox_start.py --backend local --backend docker
+    eval "$(scripts/k8s-up)"; .venv/bin/python bench/sandbox_start.py --backend k8s
 
 1. start -> first exec with a cached image (``backend.start`` + ``exec("true")``), against a
    bare ``docker run --rm IMAGE true`` of the same image, interleaved, medians compared.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -27,7 +29,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_backend(name: str):
-    return get_plugin_manager().get("sandbox_backend", name).create()
+    registration = get_plugin_manager().get("sandbox_backend", name)
+    if name == "k8s":
+        from slr_backend_k8s import K8sBackendConfig
+
+        # The cluster in KUBECONFIG (scripts/k8s-up). A small dev node: requests far below
+        # limits, so 8 trials fit at once.
+        return registration.create(
+            K8sBackendConfig(
+                containerd_address=os.environ.get("SLR_K8S_CONTAINERD", ""), request_ratio=0.05
+            )
+        )
+    return registration.create()
 
 
 async def start_latency(backend, task, reps: int) -> list[float]:
@@ -110,7 +123,7 @@ async def bench(name: str, reps: int, per_level: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--backend", action="append", help="docker (default) and/or local")
+    p.add_argument("--backend", action="append", help="docker (default), local and/or k8s")
     p.add_argument("--reps", type=int, default=10, help="start-latency samples")
     p.add_argument("--trials", type=int, default=8, help="trials per concurrency level (min 2x)")
     args = p.parse_args()
