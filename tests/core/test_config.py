@@ -51,10 +51,10 @@ class Defaults:
 
 @pytest.fixture
 def plugins():
-    # Only the test's own plugins: installed ones (slr-backend-local, ...) register the
-    # same default names and would clash with these.
+    # Only the fakes: installed plugins (slr-engine-hf, slr-optimizer-torch, ...) register the
+    # same default names, which would be a duplicate-registration error.
     manager = PluginManager(load_entry_points=False)
-    manager.register_plugin(Defaults(), name="defaults", distribution="slr-defaults", version="t")
+    manager.register_plugin(Defaults(), name="defaults", distribution="slr-defaults")
     return manager
 
 

@@ -148,6 +148,11 @@ _KNOWN: dict[str, set[str]] = {
     "slr": {"squash_git_history", "restore_git_history"},
 }
 _TOP = {"version", "schema_version", "source", "metadata", *_KNOWN}
+# Harbor keys slr reads but does not act on (yet): said once per task, not silently dropped.
+_UNSUPPORTED = {
+    "environment": {"gpus", "gpu_types", "healthcheck", "mcp_servers", "skills_dir"},
+    "agent": {"network_mode", "allowed_hosts"},
+}
 
 
 class _Reader:
@@ -161,6 +166,12 @@ class _Reader:
         for key in sorted(set(raw) - _KNOWN[section]):
             # Harbor's schema grows; an unknown key is most likely newer Harbor, not a typo.
             log.warning("unknown task.toml key, ignored", file=str(file), key=f"{section}.{key}")
+        for key in sorted(set(raw) & _UNSUPPORTED.get(section, set())):
+            log.warning(
+                "task.toml key not supported by slr, ignored",
+                file=str(file),
+                key=f"{section}.{key}",
+            )
 
     def _bad(self, key: str, value: Any, expected: str) -> BrokenTaskError:
         return BrokenTaskError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import tempfile
 import time
 import uuid
@@ -46,6 +47,7 @@ from slr.contracts import (
     VerifierError,
     VerifierTimeout,
 )
+from slr.plugins import get_plugin_manager
 from slr.tasks import AGENT_LOGS_DIR, Task
 
 log = structlog.get_logger()
@@ -113,7 +115,8 @@ async def run_trial(
     """Run one trial of ``task`` and return its record (also written to ``run_dir``).
 
     ``agent_timeout_s`` overrides the task's ``[agent] timeout_sec``. ``labels`` are put on
-    the sandbox (the docker backend uses them to find orphans).
+    the sandbox (e.g. ``slr.run_id``). With ``run_dir``, the record is written to it and
+    ``on_trial_finished`` fires.
     """
     trial = _Trial(
         task=task,
@@ -123,7 +126,7 @@ async def run_trial(
         sessions=session_factory,
         trial_id=trial_id or new_trial_id(task.id),
         agent_name=agent_name,
-        labels=dict(labels or {}),
+        labels={**({"slr.run_id": run_dir.id} if run_dir is not None else {}), **(labels or {})},
         agent_timeout_s=agent_timeout_s,
     )
     with slr_log.bound(trial_id=trial.trial_id, task_id=task.id):
@@ -131,6 +134,7 @@ async def run_trial(
     result = attrs.evolve(result, group_id=group_id, step=step)
     if run_dir is not None:
         run_dir.write_trial(result)
+        get_plugin_manager().hook.on_trial_finished(run_dir=run_dir, trial=result)
     return result
 
 
@@ -209,7 +213,10 @@ class _Trial:
         # -- sandbox ---------------------------------------------------------------------
         async with self._timed("prepare"):
             await self._guard(self.backend.prepare(task), "preparing the environment")
-        bundle = await asyncio.to_thread(self.agent.bundle)
+        try:
+            bundle = await asyncio.to_thread(self.agent.bundle)
+        except Exception as exc:
+            raise _Failed(T.AGENT_ERROR, f"building the agent's bundle failed: {exc!r}") from exc
         mounts = {bundle.path: BUNDLE_MOUNT} if bundle.path.is_dir() else {}
         async with self._timed("start"):
             self.sandbox = await self._guard(
@@ -242,7 +249,7 @@ class _Trial:
                     ),
                     "making the agent log folder",
                 )
-                kwargs = {"task": task} if getattr(self.agent, "accepts_task", False) else {}
+                kwargs = {"task": task} if _accepts_task(self.agent) else {}
                 outcome: AgentOutcome = await asyncio.wait_for(
                     self.agent.run(sandbox, task.instruction, inner, timeout_s=timeout, **kwargs),
                     # The adapter enforces the timeout itself; this is the backstop.
@@ -369,6 +376,16 @@ class _Trial:
         self.timings["cleanup_s"] = round(time.monotonic() - start, 4)
 
 
+def _accepts_task(agent: Any) -> bool:
+    """Adapters that want the task (its solution, its ``[agent] user``) take ``task=``."""
+    if getattr(agent, "accepts_task", False):
+        return True
+    try:
+        return "task" in inspect.signature(agent.run).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 # Re-create the repository with the working tree as its only commit, owned as before.
 _SQUASH = r"""
 set -e
@@ -379,6 +396,6 @@ rm -rf .git
 git="git -c safe.directory=* -c init.defaultBranch=$branch"
 $git init -q
 $git add -A
-$git -c user.name=slr -c user.email=slr@sandbox.invalid commit -q --allow-empty --no-verify -m "Task snapshot"
+$git -c user.name=slr -c user.email=slr@sandbox.invalid -c commit.gpgsign=false commit -q --allow-empty --no-verify -m "Task snapshot"
 chown -R "$owner" .git
 """

@@ -158,3 +158,27 @@ def test_recompute_reuses_the_unchanged_leading_turns_as_context(renderer, smol_
     n = first.boundaries[0][1]
     assert seg.ids[:n] == first.ids[:n]  # the policy's own ids, not a re-tokenization
     assert seg.mask[:n] == [0] * n  # context in the new segment, trained in the first one
+
+
+def test_routing_per_call_and_weights_version_per_token(renderer, smol_tokenizer):
+    tok = smol_tokenizer
+    acc = Accumulator(renderer)
+    msgs = [Message(role="user", content="Task")]
+    p1 = acc.prepare(msgs, [])
+    g1 = Generation(
+        token_ids=[*tok.encode("Hi", add_special_tokens=False), tok.eos_token_id],
+        logprobs=[-0.5, -0.1],
+        finish_reason="stop",
+        weights_version=3,
+        routed_experts=[[[0, 1]]] * 2,
+    )
+    acc.commit(p1, g1, Message(role="assistant", content="Hi"))
+    msgs += [Message(role="assistant", content="Hi"), Message(role="user", content="x")]
+    p2 = acc.prepare(msgs, [])
+    g2 = Generation(
+        token_ids=[tok.eos_token_id], logprobs=[-0.2], finish_reason="stop", weights_version=4
+    )
+    seg = acc.commit(p2, g2, Message(role="assistant", content="")).freeze()
+    assert seg.routed_experts == [g1.routed_experts, None]
+    n1 = len(p1.prompt_ids) + 2
+    assert seg.weights_versions == (3,) * n1 + (4,) * (len(seg.token_ids) - n1)

@@ -11,7 +11,9 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from slr_backend_docker import DockerBackendConfig
@@ -20,6 +22,7 @@ from slr_backend_docker.backend import (
     LABEL_OWNER_PID,
     LABEL_SANDBOX,
     DockerBackend,
+    daemon_is_local,
 )
 from slr_backend_docker.base_image import BASE_TAG
 
@@ -134,8 +137,8 @@ def test_broken_dockerfile_fails_with_its_build_log_and_other_trials_go_on(
         tmp_path / "broken-task",
         f"FROM {BASE_TAG}\nRUN echo building-{marker} && exit 7\n",
     )
-    oracle = get_plugin_manager().get("agent", "oracle").load()()
-    verifier = get_plugin_manager().get("verifier", "harbor").load()()
+    oracle = get_plugin_manager().get("agent", "oracle").create()
+    verifier = get_plugin_manager().get("verifier", "harbor").create()
     results = _run(
         run_trials(
             [
@@ -183,7 +186,7 @@ class _KillsItsContainer:
 
 def test_container_killed_mid_trial_is_a_sandbox_error_leaving_nothing(backend, example_tasks):
     agent = _KillsItsContainer(backend)
-    verifier = get_plugin_manager().get("verifier", "harbor").load()()
+    verifier = get_plugin_manager().get("verifier", "harbor").create()
     result = _run(
         run_trial(
             example_tasks[0],
@@ -194,6 +197,7 @@ def test_container_killed_mid_trial_is_a_sandbox_error_leaving_nothing(backend, 
         )
     )
     assert result.termination == TerminationReason.SANDBOX_ERROR, result.error
+    assert "during the agent phase" in result.error, result.error
     assert result.reward is None and not result.trainable
     assert agent.trial_labels["slr.trial_id"] == result.trial_id
     assert backend.list_sandboxes(**{"slr.trial_id": result.trial_id}) == []
@@ -284,3 +288,127 @@ def test_exec_in_a_removed_container_is_a_sandbox_error(backend, example_tasks):
             await sb.stop()
 
     _run(go())
+
+
+class _LeavesAForgerRunning:
+    """Starts a detached process that keeps writing reward 1, then 'finishes'."""
+
+    protocol = "openai"
+
+    def bundle(self):
+        return Bundle(path=Path("/nonexistent-slr-bundle"), version="test")
+
+    async def run(self, sandbox, instruction, endpoint, *, timeout_s):
+        res = await sandbox.exec(
+            "mkdir -p /logs/verifier; nohup setsid sh -c "
+            "'while :; do echo 1 > /logs/verifier/reward.txt 2>/dev/null; done' "
+            ">/dev/null 2>&1 & echo started"
+        )
+        assert res.stdout.strip() == "started"
+        return AgentOutcome(exit_code=0)
+
+
+def test_processes_the_agent_left_cannot_forge_the_reward(backend, example_tasks):
+    verifier = get_plugin_manager().get("verifier", "harbor").create()
+    result = _run(
+        run_trial(
+            example_tasks[0],
+            backend=backend,
+            agent=_LeavesAForgerRunning(),
+            verifier=verifier,
+            session_factory=StandInSessions(),
+        )
+    )
+    assert result.termination == TerminationReason.COMPLETED, result.error
+    assert result.reward.value == 0.0
+
+
+def test_exec_runs_as_the_requested_user(backend, example_tasks):
+    async def go():
+        sb = await backend.start(example_tasks[0], trial_id="user", labels={})
+        try:
+            return await sb.exec("id -u", user="nobody"), await sb.exec("id -u")
+        finally:
+            await sb.stop()
+
+    nobody, default = _run(go())
+    assert nobody.stdout.strip() == "65534" and default.stdout.strip() == "0"
+
+
+def test_images_base_is_cached(tmp_path):
+    slr = str(Path(sys.executable).with_name("slr"))
+    res = subprocess.run([slr, "images", "base"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert f"{BASE_TAG} already exists" in res.stdout
+
+
+class _BlocksInSandbox:
+    protocol = "openai"
+
+    def __init__(self):
+        self.started = asyncio.Event()
+        self.sandbox_id = None
+
+    def bundle(self):
+        return Bundle(path=Path("/nonexistent-slr-bundle"), version="test")
+
+    async def run(self, sandbox, instruction, endpoint, *, timeout_s):
+        self.sandbox_id = sandbox.id
+        self.started.set()
+        await sandbox.exec("sleep 600")
+        return AgentOutcome(exit_code=0)
+
+
+def test_a_cancelled_trial_removes_its_container(backend, example_tasks):
+    agent = _BlocksInSandbox()
+    verifier = get_plugin_manager().get("verifier", "harbor").create()
+
+    async def go():
+        t = asyncio.ensure_future(
+            run_trial(
+                example_tasks[0],
+                backend=backend,
+                agent=agent,
+                verifier=verifier,
+                session_factory=StandInSessions(),
+                trial_id="cancelled-1",
+            )
+        )
+        await agent.started.wait()
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+
+    _run(go())
+    assert agent.sandbox_id is not None
+    assert backend.list_sandboxes(**{"slr.trial_id": "cancelled-1"}) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "local"),
+    [
+        ("http+docker://localhost", True),
+        ("http://127.0.0.1:2375", True),
+        ("https://localhost:2376", True),
+        ("https://build-farm.example:2376", False),
+    ],
+)
+def test_daemon_locality_is_read_from_the_url(url, local):
+    # Only the URL is read: nothing is contacted.
+    assert daemon_is_local(url) is local
+
+
+def test_the_agent_cannot_kill_its_own_container(backend, example_tasks):
+    """PID 1 (the relay) ignores signals from inside its namespace, and end_processes
+    spares it: an agent cannot turn its failure into an excluded sandbox_error this way."""
+
+    async def go():
+        sb = await backend.start(example_tasks[0], trial_id="selfkill", labels={})
+        try:
+            await sb.exec("kill -9 1; kill -9 -1", user="root")
+            await sb.end_processes()
+            return await sb.exec("echo alive")
+        finally:
+            await sb.stop()
+
+    assert _run(go()).stdout.strip() == "alive"

@@ -25,7 +25,7 @@ class _NoModelAgent:
 class OracleAgent(_NoModelAgent):
     """Runs the task's own ``solution/solve.sh``: the reference a task must score 1 with."""
 
-    accepts_task = True  # the trial runner passes ``task=``; the solution lives there
+    # ``run`` takes ``task=``, so the trial runner passes it: the solution lives there.
 
     async def run(
         self,

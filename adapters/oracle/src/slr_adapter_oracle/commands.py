@@ -24,7 +24,6 @@ from slr.trial import StandInSessions, run_trial, run_trials
 def make_plugin(kind: str, name: str, options: tuple[str, ...] = ()) -> Any:
     """An instance of plugin ``name`` with its config class's defaults plus ``KEY=VALUE``s."""
     reg = get_plugin_manager().get(kind, name)
-    factory = reg.load()
     raw: dict[str, Any] = {}
     for item in options:
         keys, value = parse_set(item)
@@ -32,8 +31,8 @@ def make_plugin(kind: str, name: str, options: tuple[str, ...] = ()) -> Any:
     if reg.config_cls is None:
         if raw:
             raise UsageError(f"{kind} {name!r} takes no options, got {', '.join(raw)}")
-        return factory()
-    return factory(structure(raw, reg.config_cls, path=name))
+        return reg.create()
+    return reg.create(structure(raw, reg.config_cls, path=name))
 
 
 def _common(fn):
@@ -62,7 +61,9 @@ def _common(fn):
     return fn
 
 
-async def _run_all(tasks, agents: dict[str, Any], k: int, backend, verifier, concurrency):
+async def _run_all(
+    tasks, agents: dict[str, Any], k: int, backend, verifier, concurrency, run_dir=None
+):
     await backend.cleanup_orphans()
     sessions = StandInSessions()
     jobs = [
@@ -74,6 +75,7 @@ async def _run_all(tasks, agents: dict[str, Any], k: int, backend, verifier, con
                 verifier=verifier,
                 session_factory=sessions,
                 agent_name=name,
+                run_dir=run_dir,
             )
         )
         for t in tasks
@@ -198,10 +200,9 @@ def eval_(agent, tasks_path, k, runs_dir, backend, backend_opts, verifier, concu
             make_plugin("sandbox_backend", backend, backend_opts),
             make_plugin("verifier", verifier),
             concurrency,
+            run_dir=run,
         )
     )
-    for r in results:
-        run.write_trial(r)
     run.close()
     by: dict[str, list[TrialResult]] = defaultdict(list)
     for r in results:

@@ -109,9 +109,15 @@ class ProxySection:
     port: int = option(0, doc="Port for the proxy; 0 picks a free one.", validator=validators.ge(0))
     on_history_rewrite: Literal["new_segment", "recompute"] = option(
         "new_segment",
-        doc="When the agent rewrites history: start a new segment, or recompute the prefix.",
+        doc="When the agent rewrites history (compaction, edited or dropped turns) a new "
+        "segment starts. 'new_segment': its prompt is the rewritten history, rendered and "
+        "tokenized afresh. 'recompute': it reuses the recorded ids of the longest unchanged "
+        "run of leading turns as context (mask 0) and tokenizes only the rest.",
     )
-    tool_parser: str = option("hermes", doc="Parser for the model's native tool-call syntax.")
+    tool_parser: str = option(
+        "hermes",
+        doc="Parser for the model's native tool-call syntax (hermes: <tool_call>{json}</tool_call>, as Qwen).",
+    )
     max_body_bytes: int = option(
         8 * 1024 * 1024, doc="Largest request body accepted.", validator=validators.ge(1024)
     )

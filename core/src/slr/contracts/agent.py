@@ -51,4 +51,8 @@ class AgentAdapter(Protocol):
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        """Run the scaffold headless on ``instruction`` inside ``sandbox`` until it exits."""
+        """Run the scaffold headless on ``instruction`` inside ``sandbox`` until it exits.
+
+        An adapter whose ``run`` also takes a ``task`` keyword gets the ``slr.tasks.Task``
+        (the trial runner checks the signature): for its ``[agent] user``, or its solution.
+        """

@@ -6,12 +6,13 @@ docs/proxy.md for endpoints, capture semantics and what is accepted and ignored.
 """
 
 from slr.proxy.errors import ApiError
-from slr.proxy.server import Proxy, ProxyThread, Session
+from slr.proxy.server import Proxy, ProxySessions, ProxyThread, Session
 from slr.proxy.toolparse import ToolParser, get_tool_parser, register_tool_parser
 
 __all__ = [
     "ApiError",
     "Proxy",
+    "ProxySessions",
     "ProxyThread",
     "Session",
     "ToolParser",

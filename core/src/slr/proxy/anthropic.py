@@ -130,7 +130,13 @@ def _tool_use(block: dict[str, Any], where: str) -> ToolCall:
 def _tool_result(block: dict[str, Any], where: str) -> Message:
     content = block.get("content", "")
     if isinstance(content, list):
-        text = "\n".join(_block_text(b, f"{where}.content[{k}]") for k, b in enumerate(content))
+        # A tool's output is the harness's, not the agent author's: never refuse it whole.
+        text = "\n".join(
+            b["text"]
+            if b.get("type") == "text" and isinstance(b.get("text"), str)
+            else f"[{b.get('type')} block omitted: this model reads text only]"
+            for b in content
+        )
     elif isinstance(content, str):
         text = content
     else:

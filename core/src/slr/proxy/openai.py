@@ -78,7 +78,7 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
-def _text(content: str | list[dict[str, Any]] | None, where: str) -> str:
+def _text(content: str | list[dict[str, Any]] | None, where: str, *, lenient: bool = False) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     out = []
@@ -88,6 +88,8 @@ def _text(content: str | list[dict[str, Any]] | None, where: str) -> str:
             out.append(part["text"])
         elif kind == "refusal":
             continue
+        elif lenient:  # a tool's output: never refuse it whole
+            out.append(f"[{kind} part omitted: this model reads text only]")
         else:
             raise ApiError(
                 "invalid_request",
@@ -135,7 +137,7 @@ def to_chat_request(body: ChatCompletionRequest) -> ChatRequest:
             messages.append(
                 Message(
                     role="tool",
-                    content=_text(m.content, where),
+                    content=_text(m.content, where, lenient=True),
                     tool_call_id=m.tool_call_id,
                     name=m.name,
                 )

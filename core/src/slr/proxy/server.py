@@ -18,23 +18,19 @@ import json
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import structlog
 import uvicorn
-from attrs import frozen
-from litestar import Litestar, Request, Response, get, head, post
-from litestar.exceptions import HTTPException
-from litestar.response import Stream
+from attrs import field, frozen
 
 from slr.config import ProxySection
 from slr.contracts import Endpoint, Engine, SamplingParams, TerminationReason, Trajectory
-from slr.proxy import anthropic, openai, sse
 from slr.proxy.accumulator import Accumulator
-from slr.proxy.errors import Api, ApiError, error_body, status_kind
+from slr.proxy.app import build_app
+from slr.proxy.errors import Api, ApiError
 from slr.proxy.render import Renderer
 from slr.proxy.session import Completer, SessionState
 from slr.proxy.toolparse import get_tool_parser
@@ -50,7 +46,7 @@ class Session:
     trial_id: str
     token: str
     base_url: str  # http://host:port/s/<token>
-    _state: SessionState
+    _state: SessionState = field(repr=False, eq=False)
 
     @property
     def openai_base_url(self) -> str:
@@ -111,7 +107,7 @@ class Proxy:
         self.completer = Completer(engine, self.renderer, parser, sampling or SamplingParams())
         self.model_names = tuple(model_names or self.config.model_names)
         self.sessions: dict[str, SessionState] = {}
-        self.app = _build_app(self)
+        self.app = build_app(self)
         self.host = self.config.host
         self.port: int | None = None
         self._server: _Server | None = None
@@ -130,6 +126,9 @@ class Proxy:
             return
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted sockets inherit this: without it a response written in two parts (head,
+        # body) waits ~40 ms for the client's delayed ACK (Nagle), on every call.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.host, self.config.port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
@@ -211,6 +210,39 @@ class Proxy:
             )
 
 
+class ProxySessions:
+    """The proxy as ``slr.trial.SessionFactory``: one session per trial.
+
+    ``protocol`` is the agent's API (``AgentAdapter.protocol``), which picks the base URL;
+    ``model`` is the name the agent sends. With ``transcripts`` (the run directory's
+    ``trials/`` folder) each closed session leaves its ``<trial_id>/proxy.json``. The handle
+    is the ``Session``: ``handle.termination`` says whether the proxy ended the conversation.
+    """
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        *,
+        protocol: str,
+        model: str | None = None,
+        transcripts: Path | None = None,
+    ) -> None:
+        self.proxy = proxy
+        self.protocol = protocol
+        self.model = model or (proxy.model_names[0] if proxy.model_names else "policy")
+        self.transcripts = transcripts
+
+    async def open(self, trial_id: str) -> tuple[Endpoint, Session]:
+        session = self.proxy.open_session(trial_id)
+        return session.endpoint(self.protocol, model=self.model), session
+
+    async def close(self, handle: Session) -> Trajectory:
+        trajectory = self.proxy.close_session(handle)
+        if self.transcripts is not None:
+            self.proxy.write_transcript(handle, self.transcripts)
+        return trajectory
+
+
 class ProxyThread:
     """Run a proxy on its own event loop in a daemon thread (for code without a loop)."""
 
@@ -233,146 +265,3 @@ class ProxyThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
-
-
-# -- the app ------------------------------------------------------------------------------
-
-
-def _api_of(request: Request) -> Api:
-    path = request.url.path
-    if "/messages" in path:
-        return "anthropic"
-    if "/chat/completions" in path:
-        return "openai"
-    headers = request.headers
-    return "anthropic" if "anthropic-version" in headers or "x-api-key" in headers else "openai"
-
-
-def _token(request: Request) -> str | None:
-    token = request.path_params.get("token")
-    if token:
-        return token
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return request.headers.get("x-api-key")
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(content=sse.json_bytes(data), status_code=status, media_type="application/json")
-
-
-def _error_response(request: Request, exc: Exception) -> Response:
-    api = _api_of(request)
-    if isinstance(exc, ApiError):
-        return _json(exc.body(api), exc.status)
-    if isinstance(exc, HTTPException):
-        kind = status_kind(exc.status_code)
-        detail = exc.detail if exc.status_code != 404 else f"no route for {request.url.path}"
-        status = 400 if kind == "invalid_request" else exc.status_code
-        return _json(error_body(api, kind, str(detail)), status)
-    log.exception("proxy.internal_error", path=request.url.path)
-    return _json(error_body(api, "internal", f"internal proxy error: {exc!r}"), 500)
-
-
-async def _decode(request: Request, schema: type, limit: int):
-    length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > limit:
-        raise ApiError("request_too_large", f"request body is {length} bytes; the limit is {limit}")
-    body = await request.body()
-    if len(body) > limit:
-        raise ApiError(
-            "request_too_large", f"request body is {len(body)} bytes; the limit is {limit}"
-        )
-    try:
-        return msgspec.json.decode(body, type=schema)
-    except msgspec.ValidationError as exc:
-        raise ApiError("invalid_request", f"invalid request body: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise ApiError("invalid_request", f"request body is not valid JSON: {exc}") from None
-
-
-def _build_app(proxy: Proxy) -> Litestar:
-    limit = proxy.config.max_body_bytes
-
-    @head("/", status_code=200)
-    async def root_head() -> None:
-        return None
-
-    @get(["/", "/health", "/healthz"])
-    async def health() -> Response:
-        return _json({"status": "ok", "sessions": len(proxy.sessions)})
-
-    @get(["/v1/models", "/s/{token:str}/v1/models", "/s/{token:str}/models"])
-    async def models(request: Request) -> Response:
-        proxy._state(_token(request), _api_of(request))
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "slr",
-                "type": "model",
-                "display_name": name,
-                "created_at": "1970-01-01T00:00:00Z",
-            }
-            for name in proxy.model_names
-        ]
-        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
-        return _json(
-            {"object": "list", "data": data, "has_more": False, "first_id": first, "last_id": last}
-        )
-
-    @post(
-        [
-            "/v1/chat/completions",
-            "/s/{token:str}/v1/chat/completions",
-            "/s/{token:str}/chat/completions",
-        ],
-        status_code=200,
-    )
-    async def chat_completions(request: Request) -> Response:
-        state = proxy._state(_token(request), "openai")
-        body = await _decode(request, openai.ChatCompletionRequest, limit)
-        proxy._check_model(body.model)
-        result = await proxy.completer.complete(state, openai.to_chat_request(body))
-        if body.stream:
-            return _sse(openai.stream(body, result))
-        return _json(openai.response(body, result))
-
-    @post(["/v1/messages", "/s/{token:str}/v1/messages"], status_code=200)
-    async def messages(request: Request) -> Response:
-        state = proxy._state(_token(request), "anthropic")
-        body = await _decode(request, anthropic.MessagesRequest, limit)
-        proxy._check_model(body.model)
-        result = await proxy.completer.complete(state, anthropic.to_chat_request(body))
-        if body.stream:
-            return _sse(anthropic.stream(body, result))
-        return _json(anthropic.response(body, result))
-
-    @post(["/v1/messages/count_tokens", "/s/{token:str}/v1/messages/count_tokens"], status_code=200)
-    async def count_tokens(request: Request) -> Response:
-        state = proxy._state(_token(request), "anthropic")
-        body = await _decode(request, anthropic.CountTokensRequest, limit)
-        proxy._check_model(body.model)
-        msgs = anthropic.convert_messages(body.messages, body.system)
-        n = proxy.completer.count(state, msgs, anthropic.convert_tools(body.tools))
-        return _json({"input_tokens": n})
-
-    handlers: list[Callable] = [root_head, health, models, chat_completions, messages, count_tokens]
-    return Litestar(
-        route_handlers=handlers,
-        exception_handlers={Exception: _error_response},
-        request_max_body_size=limit,
-        debug=False,
-        logging_config=None,
-        openapi_config=None,
-    )
-
-
-def _sse(chunks) -> Stream:
-    return Stream(
-        chunks,
-        media_type="text/event-stream",
-        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-    )

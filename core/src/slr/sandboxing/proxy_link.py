@@ -11,6 +11,7 @@ and nothing else. Closing the link (before the verifier phase) cuts even that.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import tempfile
@@ -24,6 +25,8 @@ log = structlog.get_logger()
 
 RELAY_SCRIPT = Path(__file__).with_name("relay.py")
 SOCKET_NAME = "proxy.sock"
+LINK_PREFIX = "slr-link-"
+OWNER_FILE = "owner.pid"
 
 
 def inner_proxy_url(host_url: str, port: int) -> tuple[str, tuple[str, int]]:
@@ -45,8 +48,9 @@ class ProxyLink:
 
     def __init__(self, *, parent: str | None = None) -> None:
         # Short names: a unix socket path must stay under ~108 bytes.
-        self.dir = Path(tempfile.mkdtemp(prefix="slr-", dir=parent))
+        self.dir = Path(tempfile.mkdtemp(prefix=LINK_PREFIX, dir=parent))
         self.dir.chmod(0o755)
+        (self.dir / OWNER_FILE).write_text(str(os.getpid()))
         shutil.copy(RELAY_SCRIPT, self.dir / "relay.py")
         self.socket_path = self.dir / SOCKET_NAME
         self._target: tuple[str, int] | None = None
@@ -118,6 +122,32 @@ class ProxyLink:
     def remove(self) -> None:
         self.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def remove_stale_links(parent: str | None = None) -> int:
+    """Remove link folders whose owning process died without removing them; returns how many."""
+    removed = 0
+    for d in Path(parent or tempfile.gettempdir()).glob(f"{LINK_PREFIX}*"):
+        try:
+            pid = int((d / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if pid_alive(pid):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:

@@ -192,8 +192,8 @@ class SandboxBackendTests:
     def test_every_example_task_oracle_scores_1_nop_scores_0(
         self, backend, example_tasks, agent_name
     ):
-        agent = get_plugin_manager().get("agent", agent_name).load()()
-        verifier = get_plugin_manager().get("verifier", "harbor").load()()
+        agent = get_plugin_manager().get("agent", agent_name).create()
+        verifier = get_plugin_manager().get("verifier", "harbor").create()
         results = _run(
             run_trials(
                 [
@@ -220,7 +220,7 @@ class SandboxBackendTests:
         self, backend, example_tasks, unreachable_hosts
     ):
         task = next(t for t in example_tasks if t.restore_git_history)
-        verifier = ProbeVerifier(get_plugin_manager().get("verifier", "harbor").load()())
+        verifier = ProbeVerifier(get_plugin_manager().get("verifier", "harbor").create())
         with stand_in_proxy() as url, decoy_listener() as port:
             agent = ProbeAgent(targets=[_target(h, port) for h in unreachable_hosts])
             result = _run(

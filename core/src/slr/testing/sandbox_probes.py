@@ -17,7 +17,6 @@ from typing import Any
 import attrs
 
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Reward, Sandbox
-from slr.trial import StandInSessions
 
 PROXY_REPLY = "slr-stand-in-proxy-ok"
 
@@ -133,7 +132,6 @@ class ProbeAgent:
 
     targets: Sequence[tuple[str, int]] = ()
     protocol = "openai"
-    accepts_task = True
     needs_model = False
     seen: dict[str, Any] = attrs.field(factory=dict)
 
@@ -169,7 +167,3 @@ class ProbeVerifier:
         log = await sandbox.exec("git log --format=%s 2>&1")
         self.seen["subjects"] = log.stdout.strip().splitlines()
         return await self.inner.verify(sandbox, task)
-
-
-class ProxyServingSessions(StandInSessions):
-    """Stand-in sessions whose endpoint is the stand-in proxy (a real HTTP server)."""

@@ -18,11 +18,12 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 
 from slr.contracts import BrokenEnvironment, SandboxError
-from slr.sandboxing import ProxyLink
+from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr_backend_docker import DockerBackendConfig
 from slr_backend_docker.client import connect
 from slr_backend_docker.sandbox import DockerSandbox
@@ -51,7 +52,8 @@ class DockerBackend:
         # The SDK blocks; each exec holds a thread for its whole run, so the default
         # executor (cores + 4) would starve eight concurrent agents.
         self._pool = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="slr-docker")
-        self._build_locks: dict[str, asyncio.Lock] = {}
+        # per event loop: an asyncio.Lock belongs to the loop that first waits on it
+        self._build_locks: dict[tuple[int, str], asyncio.Lock] = {}
         self._build_failures: dict[str, BrokenEnvironment] = {}
 
     @property
@@ -77,7 +79,7 @@ class DockerBackend:
         tag = self.image_tag(task)
         if tag in self._build_failures:
             raise self._build_failures[tag]
-        lock = self._build_locks.setdefault(tag, asyncio.Lock())
+        lock = self._build_locks.setdefault((id(asyncio.get_running_loop()), tag), asyncio.Lock())
         async with lock:
             if await self._call(self._image_exists, tag):
                 return
@@ -167,6 +169,13 @@ class DockerBackend:
         mounts: Mapping[Path, str] | None = None,
     ) -> DockerSandbox:
         await self.prepare(task)
+        if self.config.socket_dir is None and not daemon_is_local(self.client.api.base_url):
+            raise SandboxError(
+                f"the docker daemon at {self.client.api.base_url} is not on this machine, so it "
+                f"cannot mount this machine's proxy socket into sandboxes. Set the backend's "
+                f"socket_dir to a folder the daemon's host shares with this one, or run slr "
+                f"on the daemon's host"
+            )
         link = ProxyLink(parent=self.config.socket_dir)
         try:
             link.start()
@@ -248,8 +257,10 @@ class DockerBackend:
         )
 
     async def cleanup_orphans(self) -> int:
-        """Remove containers this host's dead slr processes left behind (by label)."""
-        return await self._call(self._cleanup_orphans)
+        """Remove what this host's dead slr processes left: containers (by label) and proxy
+        link folders (by owner pid). Returns how many."""
+        links = remove_stale_links(self.config.socket_dir)
+        return links + await self._call(self._cleanup_orphans)
 
     def _cleanup_orphans(self) -> int:
         import docker.errors
@@ -259,7 +270,7 @@ class DockerBackend:
         for c in self.client.containers.list(all=True, filters={"label": LABEL_SANDBOX}):
             owner_host = c.labels.get(LABEL_OWNER_HOST)
             pid = c.labels.get(LABEL_OWNER_PID, "")
-            if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+            if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
                 continue  # another machine's or a live process's sandbox
             try:
                 c.remove(force=True)
@@ -281,11 +292,7 @@ class DockerBackend:
             self._client = None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def daemon_is_local(base_url: str) -> bool:
+    """Whether the SDK's base URL is a daemon on this machine (unix socket or loopback)."""
+    host = urlsplit(base_url).hostname or ""
+    return base_url.startswith("http+docker://") or host in ("localhost", "127.0.0.1", "::1")

@@ -96,13 +96,26 @@ class DockerSandbox:
             timed_out = True
             await self._kill_tree(marker)
             # The kill ends the stream; whatever the command printed so far comes back.
-            out, err = await asyncio.wait_for(run, timeout=30)
+            try:
+                out, err = await asyncio.wait_for(run, timeout=30)
+            except TimeoutError:
+                raise SandboxError(
+                    f"sandbox {self.id[:12]}: a command ran past {timeout_s:g}s and could not "
+                    f"be killed"
+                ) from None
         except asyncio.CancelledError:
             await asyncio.shield(self._kill_tree(marker))
             raise
         info = await self._call(self._api.exec_inspect, exec_id)
+        # The daemon records the exit code from an event that can trail the stream's end.
+        deadline = time.monotonic() + 5
+        while info.get("Running") and info.get("ExitCode") is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+            info = await self._call(self._api.exec_inspect, exec_id)
         code = info.get("ExitCode")
-        if code is None or code >= 128:
+        # 126: the runtime could not exec (container stopping or gone); >= 128: a signal,
+        # perhaps the container's own death. Either way, ask whether the sandbox lives.
+        if code is None or code >= 126:
             await self._check_alive()
         return ExecResult(
             exit_code=137 if code is None else code,
@@ -131,6 +144,16 @@ class DockerSandbox:
         if not state.get("Running"):
             reason = "out of memory" if state.get("OOMKilled") else f"exit {state.get('ExitCode')}"
             raise SandboxError(f"sandbox {self.id[:12]} stopped during a command ({reason})")
+        # The daemon marks a killed container as exited a moment after its processes die;
+        # a fresh exec tells for sure (it cannot enter a dead container's namespaces).
+        try:
+            probe = (await self._call(self._api.exec_create, self.id, ["true"]))["Id"]
+            await self._call(self._api.exec_start, probe)
+            code = (await self._call(self._api.exec_inspect, probe)).get("ExitCode")
+        except SandboxError as exc:
+            raise SandboxError(f"sandbox {self.id[:12]} stopped during a command: {exc}") from exc
+        if code != 0:
+            raise SandboxError(f"sandbox {self.id[:12]} stopped during a command (probe {code})")
 
     async def end_processes(self) -> None:
         """Kill everything but the relay (PID 1): nothing the agent started survives."""
@@ -144,14 +167,14 @@ class DockerSandbox:
         src = Path(src)
         if not src.exists():
             raise FileNotFoundError(f"upload source {src} does not exist")
-        target = PurePosixPath(dest)
+        target = PurePosixPath("/", dest)
+        if target == PurePosixPath("/"):
+            raise ValueError("cannot upload onto / itself")
+        # Rooted at "/": the engine creates missing parent folders, so no mkdir exec is needed.
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(src, arcname=target.name, filter=_as_root)
-        mk = await self.exec(["mkdir", "-p", str(target.parent)], user="root")
-        if not mk.ok:
-            raise SandboxError(f"cannot create {target.parent} in the sandbox: {mk.stderr.strip()}")
-        ok = await self._call(self._api.put_archive, self.id, str(target.parent), buf.getvalue())
+            tar.add(src, arcname=str(target.relative_to("/")), filter=_as_root)
+        ok = await self._call(self._api.put_archive, self.id, "/", buf.getvalue())
         if not ok:
             raise SandboxError(f"upload of {src} to {dest} was refused by the daemon")
 

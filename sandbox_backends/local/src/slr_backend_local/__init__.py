@@ -28,6 +28,12 @@ class LocalBackendConfig:
     proxy_port: int = option(
         47110, doc="Port on the sandbox's loopback where the agent reaches the proxy."
     )
+    unsafe_host_paths: bool = option(
+        False,
+        doc="Without bubblewrap, start sandboxes anyway: commands run directly on this machine "
+        "and a task's absolute paths (/app, /tests, /logs) are this machine's own. For "
+        "debugging trusted tasks only.",
+    )
     python: str = option(
         "/usr/bin/python3",
         doc="Host python3 (under /usr, so it is visible in the sandbox) that runs the relay.",

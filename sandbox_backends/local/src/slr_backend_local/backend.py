@@ -18,11 +18,11 @@ from typing import Any
 import structlog
 
 from slr.contracts import SandboxError
-from slr.sandboxing import ProxyLink
+from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local import dockerfile as df
 from slr_backend_local.isolation import bwrap_argv, bwrap_path, make_root
-from slr_backend_local.sandbox import LocalSandbox
+from slr_backend_local.sandbox import LocalSandbox, kill_workspace_processes
 
 log = structlog.get_logger()
 
@@ -53,7 +53,8 @@ class LocalBackend:
         self.cache_dir = Path(
             self.config.cache_dir or Path.home() / ".cache" / "slr" / "local-envs"
         )
-        self._locks: dict[str, asyncio.Lock] = {}
+        # per event loop: an asyncio.Lock belongs to the loop that first waits on it
+        self._locks: dict[tuple[int, str], asyncio.Lock] = {}
 
     @property
     def isolated(self) -> bool:
@@ -68,7 +69,9 @@ class LocalBackend:
         env_dir = self._env_dir(task)
         if (env_dir / "meta.json").is_file():
             return
-        lock = self._locks.setdefault(str(env_dir), asyncio.Lock())
+        lock = self._locks.setdefault(
+            (id(asyncio.get_running_loop()), str(env_dir)), asyncio.Lock()
+        )
         async with lock:
             if (env_dir / "meta.json").is_file():
                 return
@@ -163,6 +166,13 @@ class LocalBackend:
         labels: Mapping[str, str],
         mounts: Mapping[Path, str] | None = None,
     ) -> LocalSandbox:
+        if not self.isolated and not self.config.unsafe_host_paths:
+            raise SandboxError(
+                "the local backend has no isolation here (bubblewrap is missing or isolation = "
+                "'none'), so a task's absolute paths (/app, /tests, /logs) would be this "
+                "machine's own and the verifier would wipe them. Install bubblewrap, use "
+                "--backend docker, or set unsafe_host_paths = true for trusted tasks."
+            )
         await self.prepare(task)
         env_dir = self._env_dir(task)
         meta = json.loads((env_dir / "meta.json").read_text())
@@ -192,7 +202,8 @@ class LocalBackend:
         )
 
     async def cleanup_orphans(self) -> int:
-        removed = 0
+        """Remove workspaces and proxy link folders of dead processes; returns how many."""
+        removed = remove_stale_links()
         if not self.workspace_dir.is_dir():
             return 0
         for ws in self.workspace_dir.iterdir():
@@ -201,21 +212,12 @@ class LocalBackend:
                 pid = json.loads(owner.read_text())["pid"]
             except (OSError, ValueError, KeyError):
                 continue
-            if _alive(pid):
+            if pid_alive(pid):
                 continue
+            kill_workspace_processes(ws / "fs")
             shutil.rmtree(ws, ignore_errors=True)
             removed += 1
         return removed
 
     async def close(self) -> None:
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

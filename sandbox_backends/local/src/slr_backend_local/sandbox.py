@@ -128,15 +128,20 @@ class LocalSandbox:
             except TimeoutError:
                 timed_out = True
                 _kill_group(proc)
-                out, err = await comm
+                try:
+                    out, err = await asyncio.wait_for(comm, timeout=10)
+                except TimeoutError:  # without bubblewrap, an escaped child may hold the pipes
+                    out, err = b"", b"(output lost: a process outlived the timeout)"
         except asyncio.CancelledError:
             _kill_group(proc)
             raise
         finally:
             self._procs.discard(proc)
         self._check()
+        code = proc.returncode
         return ExecResult(
-            exit_code=proc.returncode if proc.returncode is not None else 137,
+            # A signal shows as 128 + its number, as in a shell (asyncio gives -signum).
+            exit_code=137 if code is None else (128 - code if code < 0 else code),
             stdout=out.decode(errors="replace"),
             stderr=err.decode(errors="replace"),
             timed_out=timed_out,
@@ -204,6 +209,9 @@ class LocalSandbox:
         self._stopped = True
         for proc in list(self._procs):
             _kill_group(proc)
+        # A safety net: anything still running on this workspace (a sandbox whose bwrap
+        # parent died without taking it along) is found by its root and killed.
+        kill_workspace_processes(self.root)
         if self.link is not None:
             self.link.remove()
         await asyncio.to_thread(shutil.rmtree, self.workspace, True)
@@ -212,3 +220,22 @@ class LocalSandbox:
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def kill_workspace_processes(root: Path) -> int:
+    """SIGKILL every process on this machine whose command line binds ``root`` as ``/``."""
+    needle = f"\0--bind\0{root}\0/\0".encode()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = b"\0" + fh.read()
+        except OSError:
+            continue
+        if needle in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed

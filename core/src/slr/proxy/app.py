@@ -1,0 +1,160 @@
+"""The proxy's HTTP routes (litestar): both APIs per session, errors in each API's shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+from litestar import Litestar, Request, Response, get, head, post
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+
+from slr.proxy import anthropic, openai, sse
+from slr.proxy.errors import Api, ApiError, error_body, status_kind
+
+if TYPE_CHECKING:
+    from slr.proxy.server import Proxy
+
+log = structlog.get_logger()
+
+
+def _api_of(request: Request) -> Api:
+    path = request.url.path
+    if "/messages" in path:
+        return "anthropic"
+    if "/chat/completions" in path:
+        return "openai"
+    headers = request.headers
+    return "anthropic" if "anthropic-version" in headers or "x-api-key" in headers else "openai"
+
+
+def _token(request: Request) -> str | None:
+    token = request.path_params.get("token")
+    if token:
+        return token
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(content=sse.json_bytes(data), status_code=status, media_type="application/json")
+
+
+def _error_response(request: Request, exc: Exception) -> Response:
+    api = _api_of(request)
+    if isinstance(exc, ApiError):
+        return _json(exc.body(api), exc.status)
+    if isinstance(exc, HTTPException):
+        kind = status_kind(exc.status_code)
+        detail = exc.detail if exc.status_code != 404 else f"no route for {request.url.path}"
+        status = 400 if kind == "invalid_request" else exc.status_code
+        return _json(error_body(api, kind, str(detail)), status)
+    log.exception("proxy.internal_error", path=request.url.path)
+    return _json(error_body(api, "internal", f"internal proxy error: {exc!r}"), 500)
+
+
+async def _decode(request: Request, schema: type, limit: int):
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit:
+        raise ApiError("request_too_large", f"request body is {length} bytes; the limit is {limit}")
+    body = await request.body()
+    if len(body) > limit:
+        raise ApiError(
+            "request_too_large", f"request body is {len(body)} bytes; the limit is {limit}"
+        )
+    try:
+        return msgspec.json.decode(body, type=schema)
+    except msgspec.ValidationError as exc:
+        raise ApiError("invalid_request", f"invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ApiError("invalid_request", f"request body is not valid JSON: {exc}") from None
+
+
+def build_app(proxy: Proxy) -> Litestar:
+    limit = proxy.config.max_body_bytes
+
+    @head("/", status_code=200)
+    async def root_head() -> None:
+        return None
+
+    @get(["/", "/health", "/healthz"])
+    async def health() -> Response:
+        return _json({"status": "ok", "sessions": len(proxy.sessions)})
+
+    @get(["/v1/models", "/s/{token:str}/v1/models", "/s/{token:str}/models"])
+    async def models(request: Request) -> Response:
+        proxy._state(_token(request), _api_of(request))
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "slr",
+                "type": "model",
+                "display_name": name,
+                "created_at": "1970-01-01T00:00:00Z",
+            }
+            for name in proxy.model_names
+        ]
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return _json(
+            {"object": "list", "data": data, "has_more": False, "first_id": first, "last_id": last}
+        )
+
+    @post(
+        [
+            "/v1/chat/completions",
+            "/s/{token:str}/v1/chat/completions",
+            "/s/{token:str}/chat/completions",
+        ],
+        status_code=200,
+    )
+    async def chat_completions(request: Request) -> Response:
+        state = proxy._state(_token(request), "openai")
+        body = await _decode(request, openai.ChatCompletionRequest, limit)
+        proxy._check_model(body.model)
+        result = await proxy.completer.complete(state, openai.to_chat_request(body))
+        if body.stream:
+            return _sse(openai.stream(body, result))
+        return _json(openai.response(body, result))
+
+    @post(["/v1/messages", "/s/{token:str}/v1/messages"], status_code=200)
+    async def messages(request: Request) -> Response:
+        state = proxy._state(_token(request), "anthropic")
+        body = await _decode(request, anthropic.MessagesRequest, limit)
+        proxy._check_model(body.model)
+        result = await proxy.completer.complete(state, anthropic.to_chat_request(body))
+        if body.stream:
+            return _sse(anthropic.stream(body, result))
+        return _json(anthropic.response(body, result))
+
+    @post(["/v1/messages/count_tokens", "/s/{token:str}/v1/messages/count_tokens"], status_code=200)
+    async def count_tokens(request: Request) -> Response:
+        state = proxy._state(_token(request), "anthropic")
+        body = await _decode(request, anthropic.CountTokensRequest, limit)
+        proxy._check_model(body.model)
+        msgs = anthropic.convert_messages(body.messages, body.system)
+        n = proxy.completer.count(state, msgs, anthropic.convert_tools(body.tools))
+        return _json({"input_tokens": n})
+
+    handlers: list[Callable] = [root_head, health, models, chat_completions, messages, count_tokens]
+    return Litestar(
+        route_handlers=handlers,
+        exception_handlers={Exception: _error_response},
+        request_max_body_size=limit,
+        debug=False,
+        logging_config=None,
+        openapi_config=None,
+    )
+
+
+def _sse(chunks) -> Stream:
+    return Stream(
+        chunks,
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )

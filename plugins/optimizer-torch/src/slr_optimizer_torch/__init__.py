@@ -1,0 +1,13 @@
+"""slr-optimizer-torch: registers the embedded ``torch`` optimizer with slr."""
+
+from slr import hookimpl
+
+
+@hookimpl
+def register_optimizers(register):
+    from slr_optimizer_torch.config import TorchOptimizerConfig
+
+    # A string factory: torch, transformers and verl load only when a run uses this optimizer.
+    register(
+        "torch", "slr_optimizer_torch.optimizer:TorchOptimizer", config_cls=TorchOptimizerConfig
+    )

@@ -1,0 +1,123 @@
+"""Checkpoints of the torch optimizer: a folder whose ``COMPLETE`` marker is written last.
+
+::
+
+    step-000012/
+      policy/              a Hugging Face model folder (from_pretrained loads it)
+      value_head.pt        gae only
+      optimizer.pt         AdamW state
+      rng.pt               torch's RNG and the mini-batch shuffling generator
+      trainer_state.json   step and update counts, temperature, algorithm and options
+      COMPLETE             written last, after every other file is fsynced
+
+``RunDir.latest_checkpoint`` only considers folders with the marker, and ``load`` refuses
+one without it, so a process killed mid-write leaves the previous checkpoint to resume from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from slr.config.structure import unstructure
+from slr.errors import UsageError
+from slr.runs import atomic_write
+from slr_optimizer_torch.model import resolve_model_name, tokenizer_files
+
+if TYPE_CHECKING:
+    from slr_optimizer_torch.optimizer import TorchOptimizer
+
+COMPLETE = "COMPLETE"
+
+
+def save(opt: TorchOptimizer, path: Path) -> None:
+    """Write ``opt``'s checkpoint folder; ``COMPLETE`` goes last, after everything is synced."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / COMPLETE).unlink(missing_ok=True)
+    policy = path / "policy"
+    if policy.exists():
+        shutil.rmtree(policy)
+    opt.model.save_pretrained(policy, safe_serialization=True)
+    # tokenizer and chat template too, so evaluation and engines can load the folder alone
+    for file in tokenizer_files(resolve_model_name(opt.options.model)):
+        if not (policy / file.name).exists():
+            shutil.copy2(file, policy / file.name)
+    if opt.value_head is not None:
+        torch.save(opt.value_head.state_dict(), path / "value_head.pt")
+    torch.save(opt.optim.state_dict(), path / "optimizer.pt")
+    rng = {"torch": torch.get_rng_state(), "shuffle": opt.generator.get_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, path / "rng.pt")
+    state = {
+        "steps": opt.steps,
+        "updates": opt.updates,
+        "temperature": opt.temperature,
+        "algorithm": unstructure(opt.algorithm),
+        "options": unstructure(opt.options),
+    }
+    atomic_write(path / "trainer_state.json", json.dumps(state, indent=2, sort_keys=True))
+    _fsync_tree(path)
+    atomic_write(path / COMPLETE, f"step {opt.steps}\n")
+
+
+def load(opt: TorchOptimizer, path: Path) -> None:
+    """Restore exactly what ``save`` wrote into ``opt`` (refuses an incomplete checkpoint)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / COMPLETE).is_file():
+        raise UsageError(
+            f"checkpoint {str(path)!r} is incomplete (no {COMPLETE} marker): the process "
+            f"writing it was stopped. Resume from the previous checkpoint instead."
+        )
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted((path / "policy").glob("*.safetensors")):
+        state.update(load_file(file, device=str(opt.device)))
+    missing, unexpected = opt.model.load_state_dict(state, strict=False)
+    untied = [k for k in missing if not _is_tied(opt.model, k, state)]
+    if untied or unexpected:
+        raise UsageError(
+            f"checkpoint {str(path)!r} does not fit this model: missing {untied[:5]}, "
+            f"unexpected {list(unexpected)[:5]}. Was it written for another [optimizer] model?"
+        )
+    if opt.value_head is not None:
+        opt.value_head.load_state_dict(
+            torch.load(path / "value_head.pt", map_location=opt.device, weights_only=True)
+        )
+    opt.optim.load_state_dict(
+        torch.load(path / "optimizer.pt", map_location=opt.device, weights_only=True)
+    )
+    rng = torch.load(path / "rng.pt", weights_only=True)
+    torch.set_rng_state(rng["torch"])
+    opt.generator.set_state(rng["shuffle"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    saved = json.loads((path / "trainer_state.json").read_text())
+    opt.steps, opt.updates = int(saved["steps"]), int(saved["updates"])
+
+
+def _is_tied(model: nn.Module, key: str, loaded: Mapping[str, torch.Tensor]) -> bool:
+    """A key save_pretrained left out because it shares storage with a saved one."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    if key not in params:
+        return False
+    return any(other in loaded and params[other] is params[key] for other in params if other != key)
+
+
+def _fsync_tree(path: Path) -> None:
+    for root, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

@@ -1,0 +1,197 @@
+"""Loading the policy and scoring tokens under the engine's log-prob definition.
+
+The definition is shared with every engine: the log-prob of a sampled token is
+``log_softmax(logits / temperature)`` over the full vocabulary, before any top-k / top-p
+truncation (``slr.contracts.Generation``). The trainer scores with the rollout temperature,
+in float32, so behaviour and trainer log-probs agree to rounding when the weights match.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import structlog
+import torch
+from torch import nn
+
+log = structlog.get_logger()
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_model_name(name: str) -> str:
+    """The folder for an engine-side model name, so trainer and engine load the same weights.
+
+    With ``slr-engine-hf`` installed, its packaged names (``smollm2-135m-instruct``) and
+    ``.gguf`` files resolve to the folder it converts them into; anything else (a model
+    folder, a hub id) is passed to ``from_pretrained`` unchanged.
+    """
+    try:
+        from slr_engine_hf.models import PACKAGED, resolve
+    except ImportError:
+        return name
+    if name in PACKAGED or name.endswith(".gguf"):
+        return str(resolve(name))
+    return name
+
+
+def load_causal_lm(name_or_path: str, *, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """A Hugging Face causal LM from a folder (or hub id), in ``dtype`` on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    from slr.errors import ConfigError
+
+    if not name_or_path:
+        raise ConfigError(
+            "the torch optimizer has no model to train: set [optimizer] model (a Hugging Face "
+            "model folder), or [engine] model for the engine and optimizer together"
+        )
+    name_or_path = resolve_model_name(name_or_path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot load model {name_or_path!r} for training: {exc}. Point [optimizer] model "
+            f"at a Hugging Face model folder (config.json + weights)."
+        ) from exc
+    return model.to(device)
+
+
+@attrs.define
+class Scores:
+    """Per-token outputs shaped like the response mask ``(B, L-1)``; zero off the mask."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+class Scorer:
+    """Scores the policy tokens of a micro-batch: log-probs, entropy, values.
+
+    The LM head runs only on the positions that predict a policy token (prompt and tool
+    output tokens usually dominate agent trajectories), when the model's logits are exactly
+    its output embedding applied to its decoder's last hidden state; a one-time check on a
+    short input decides, and models with extra logit processing (soft-capping, scaling) use
+    the full forward instead.
+    """
+
+    def __init__(self, model: nn.Module, *, temperature: float) -> None:
+        if temperature <= 0:
+            from slr.errors import ConfigError
+
+            raise ConfigError(
+                f"rollout.temperature = {temperature} cannot be trained on: greedy decoding has "
+                f"no sampling distribution to score. Use a temperature > 0 (1.0 is usual)."
+            )
+        self.model = model
+        self.temperature = float(temperature)
+        self.selective = self._head_is_separable()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _head_is_separable(self) -> bool:
+        get_decoder = getattr(self.model, "get_decoder", None)
+        head = self.model.get_output_embeddings()
+        if get_decoder is None or head is None:
+            return False
+        vocab = int(head.weight.shape[0])
+        probe = (torch.arange(12, device=self.device) * 7919 % vocab).unsqueeze(0)
+        try:
+            with torch.no_grad():
+                full = self.model(input_ids=probe).logits.float()
+                hidden = get_decoder()(input_ids=probe).last_hidden_state
+                split = head(hidden).float()
+        except Exception as exc:  # an architecture without the usual decoder / head split
+            log.debug("optimizer.scorer.full_forward", reason=repr(exc))
+            return False
+        same = full.shape == split.shape and torch.allclose(full, split, atol=1e-5, rtol=1e-5)
+        if not same:
+            log.info("optimizer.scorer.full_forward", reason="logits are not head(hidden)")
+        return same
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        entropy: bool = True,
+        entropy_grad: bool = False,
+        value_head: nn.Module | None = None,
+    ) -> Scores:
+        select = response_mask > 0
+        targets = input_ids[:, 1:][select]
+        if self.selective or value_head is not None:
+            hidden = self.model.get_decoder()(
+                input_ids=input_ids, attention_mask=attention_mask
+            ).last_hidden_state[:, :-1][select]
+        if self.selective:
+            logits = self.model.get_output_embeddings()(hidden)
+        else:
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            logits = logits[:, :-1][select]
+        logits = logits.float() / self.temperature
+        from verl.utils import torch_functional as verl_F
+
+        # One (1, N, V) block: verl's float32 path loops over the leading dimension in Python.
+        logprobs = verl_F.logprobs_from_logits(logits.unsqueeze(0), targets.unsqueeze(0))[0]
+        out = Scores(logprobs=_scatter(logprobs, select))
+        if entropy:
+            if entropy_grad:
+                out.entropy = _scatter(verl_F.entropy_from_logits(logits), select)
+            else:
+                with torch.no_grad():
+                    out.entropy = _scatter(verl_F.entropy_from_logits(logits.detach()), select)
+        if value_head is not None:
+            out.values = _scatter(value_head(hidden.float()).squeeze(-1), select)
+        return out
+
+
+def _scatter(values: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(select.shape, dtype=values.dtype, device=values.device)
+    return out.masked_scatter(select, values)
+
+
+class ValueHead(nn.Module):
+    """gae's critic: a linear value on the policy's last hidden state (a shared trunk)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.linear.weight, std=1.0 / (hidden_size + 1) ** 0.5)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden)
+
+
+def hidden_size(model: nn.Module) -> int:
+    return int(model.get_output_embeddings().weight.shape[1])
+
+
+def tokenizer_files(folder: Any) -> list[Path]:
+    """Files beside a model's weights that make a checkpoint loadable as a whole model."""
+    if not folder or not Path(folder).is_dir():
+        return []
+    names = (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.model",
+        "chat_template.jinja",
+        "generation_config.json",
+    )
+    return [Path(folder) / n for n in names if (Path(folder) / n).is_file()]

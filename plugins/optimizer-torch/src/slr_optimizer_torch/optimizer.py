@@ -1,0 +1,370 @@
+"""``TorchOptimizer``: one process, CPU or one GPU, verl's algorithms by name.
+
+Construction::
+
+    TorchOptimizer(options, algorithm=cfg.algorithm, temperature=cfg.rollout.temperature)
+    TorchOptimizer.from_config(cfg)          # the same, from a whole run config
+
+``options`` is this plugin's ``[optimizer]`` section (``TorchOptimizerConfig``); ``algorithm``
+(the core ``[algorithm]`` section) names verl's advantage estimator and policy loss;
+``temperature`` must be the rollout's, because the trainer scores tokens under the engine's
+definition, ``log_softmax(logits / temperature)``. Both are required keywords so a caller
+cannot silently train under a different temperature than it sampled with. ``model=`` (and
+``ref_model=``) take an already-built ``nn.Module`` instead of loading ``options.model``.
+
+One ``step(trials)``:
+
+1. assemble the batch (``batch.py``): trainable trials only, segments as padded rows;
+2. when needed, a no-grad pass for the old log-probs (several updates per step) and the
+   values (gae), and one through the reference model (KL);
+3. advantages from verl's estimator registry, per trial, scattered onto the segments;
+4. for each epoch and mini-batch: micro-batches by token budget, verl's policy loss (plus
+   verl's entropy, KL and value terms), gradients accumulated, clipped, one AdamW step.
+
+With one epoch, one mini-batch and no value head, step 2's log-prob pass is fused into the
+training forward: all micro-batches run before the single parameter update, so their
+log-probs are the pre-update ones (the PPO ratio's denominator and the rollout-agreement
+metric both use them).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import torch
+from torch import nn
+
+from slr.config import AlgorithmSection, Config
+from slr.contracts import TrialResult
+from slr_optimizer_torch import batch as batching
+from slr_optimizer_torch import checkpoint
+from slr_optimizer_torch.config import TorchOptimizerConfig
+from slr_optimizer_torch.metrics import Accumulator, logprob_agreement, trial_metrics
+from slr_optimizer_torch.model import (
+    DTYPES,
+    Scorer,
+    Scores,
+    ValueHead,
+    hidden_size,
+    load_causal_lm,
+    resolve_device,
+)
+from slr_optimizer_torch.verl_config import actor_config, algo_config, check_names
+
+
+class TorchOptimizer:
+    """The embedded trainer (``slr.contracts.Optimizer``). See the module docstring."""
+
+    def __init__(
+        self,
+        options: TorchOptimizerConfig | None = None,
+        *,
+        algorithm: AlgorithmSection,
+        temperature: float,
+        model: nn.Module | None = None,
+        ref_model: nn.Module | None = None,
+    ) -> None:
+        from verl.trainer.ppo import core_algos
+
+        self.options = options = options or TorchOptimizerConfig()
+        self.algorithm = algorithm
+        self.temperature = float(temperature)
+        check_names(algorithm)
+        self.device = resolve_device(options.device)
+        dtype = DTYPES[options.dtype]
+        if model is None:
+            model = load_causal_lm(options.model, dtype=dtype, device=self.device)
+        self.model = model.to(self.device)
+        if options.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self._set_mode()
+        self.scorer = Scorer(self.model, temperature=self.temperature)
+
+        self.value_head: ValueHead | None = None
+        if algorithm.adv_estimator == "gae":
+            self.value_head = ValueHead(hidden_size(self.model)).to(self.device)
+
+        self.ref_scorer: Scorer | None = None
+        if algorithm.kl_coef > 0:
+            if ref_model is None:
+                ref_model = (
+                    load_causal_lm(options.ref_model, dtype=dtype, device=self.device)
+                    if options.ref_model
+                    else copy.deepcopy(self.model)
+                )
+            ref_model = ref_model.to(self.device).eval().requires_grad_(False)
+            self.ref_scorer = Scorer(ref_model, temperature=self.temperature)
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        self.params = params
+        self.optim = torch.optim.AdamW(
+            params,
+            lr=options.lr,
+            betas=tuple(options.betas),
+            eps=options.eps,
+            weight_decay=options.weight_decay,
+        )
+        self.actor_cfg = actor_config(algorithm, options)
+        self.algo_cfg = algo_config(algorithm, options)
+        self.policy_loss_fn = core_algos.get_policy_loss_fn(algorithm.policy_loss)
+        self.generator = torch.Generator().manual_seed(options.seed)
+        self.steps = 0  # step() calls
+        self.updates = 0  # parameter updates applied
+
+    @classmethod
+    def from_config(
+        cls, config: Config, *, model: nn.Module | None = None, ref_model: nn.Module | None = None
+    ) -> TorchOptimizer:
+        """Build from a whole run config; the model defaults to the engine's (``[engine] model``)."""
+        options = config.optimizer.options or TorchOptimizerConfig()
+        if not options.model and model is None:
+            engine_model = getattr(config.engine.options, "model", "") or ""
+            options = attrs.evolve(options, model=str(engine_model))
+        return cls(
+            options,
+            algorithm=config.algorithm,
+            temperature=config.rollout.temperature,
+            model=model,
+            ref_model=ref_model,
+        )
+
+    def _set_mode(self) -> None:
+        # Dropout would make the recomputed log-probs disagree with the engine's; HF models
+        # only checkpoint activations in train mode, so that option needs train() (and then
+        # the model's dropout rates should be 0, as they are for current LMs).
+        self.model.train(self.options.gradient_checkpointing)
+
+    # -- the step ------------------------------------------------------------------------
+
+    def step(self, batch: Sequence[TrialResult]) -> dict[str, float]:
+        started = time.perf_counter()
+        opts, algo = self.options, self.algorithm
+        metrics: dict[str, float] = trial_metrics(batch, pass_threshold=opts.pass_threshold)
+        tb = batching.assemble(batch, drop_zero_variance_groups=opts.drop_zero_variance_groups)
+        metrics.update({k: float(v) for k, v in tb.stats.items()})
+        self.steps += 1
+        metrics["optimizer/steps"] = float(self.steps)
+        metrics["update/skipped"] = 0.0
+        if tb.num_policy_tokens == 0:
+            # Nothing to learn from (all excluded, dropped or empty): no update, but the
+            # step counts, so checkpoints and metrics stay aligned with the loop's steps.
+            metrics["update/skipped"] = 1.0
+            metrics["optimizer/updates"] = float(self.updates)
+            return metrics
+
+        fused = opts.ppo_epochs == 1 and opts.ppo_mini_batches == 1 and self.value_head is None
+        t0 = time.perf_counter()
+        pre: Scores | None = None
+        if not fused:
+            pre = self._score_all(tb, self.scorer, value_head=self.value_head)
+            metrics.update(logprob_agreement(tb.rollout_logprobs, pre.logprobs, tb.response_mask))
+        ref_logprobs = (
+            self._score_all(tb, self.ref_scorer, entropy=False).logprobs
+            if self.ref_scorer is not None
+            else None
+        )
+        metrics["perf/prepass_s"] = time.perf_counter() - t0
+
+        values = pre.values if pre is not None else None
+        tb.advantages, tb.returns = batching.compute_advantages(
+            tb, algo.adv_estimator, self.algo_cfg, values=values
+        )
+        adv = tb.advantages[tb.response_mask > 0]
+        metrics.update(
+            {
+                "advantages/mean": float(adv.mean()),
+                "advantages/max": float(adv.max()),
+                "advantages/min": float(adv.min()),
+            }
+        )
+
+        if opts.old_logprobs == "rollout":
+            old = tb.rollout_logprobs
+        else:
+            old = pre.logprobs if pre is not None else None  # fused: the forward's own
+
+        acc = Accumulator()
+        fused_logprobs = torch.zeros_like(tb.response_mask) if fused else None
+        t0 = time.perf_counter()
+        for _ in range(opts.ppo_epochs):
+            shuffle = self.generator if opts.ppo_mini_batches > 1 else None
+            for trials in batching.mini_batches(len(tb.trials), opts.ppo_mini_batches, shuffle):
+                members = set(trials)
+                rows = [r for r in range(tb.num_sequences) if int(tb.seq_trial[r]) in members]
+                if rows:
+                    self._update(tb, rows, old, ref_logprobs, values, acc, fused_logprobs)
+        update_s = time.perf_counter() - t0
+        if fused_logprobs is not None:
+            metrics.update(logprob_agreement(tb.rollout_logprobs, fused_logprobs, tb.response_mask))
+
+        metrics.update(acc.result())
+        metrics["optimizer/updates"] = float(self.updates)
+        metrics["actor/lr"] = float(self.optim.param_groups[0]["lr"])
+        metrics["perf/update_s"] = update_s
+        metrics["perf/tokens_per_s"] = acc.tokens / update_s if update_s > 0 else 0.0
+        step_s = time.perf_counter() - started
+        metrics["perf/step_s"] = step_s
+        metrics["perf/step_tokens_per_s"] = tb.stats["batch/tokens"] * opts.ppo_epochs / step_s
+        return metrics
+
+    def _micro(self, tb: batching.TrainBatch, rows: Sequence[int]) -> list[list[int]]:
+        return batching.micro_batches(
+            rows,
+            tb.lengths,
+            max_tokens=self.options.micro_batch_tokens,
+            max_size=self.options.micro_batch_size,
+        )
+
+    def _slice(self, tensor: torch.Tensor, micro: Sequence[int], width: int) -> torch.Tensor:
+        return tensor[micro, :width].to(self.device, non_blocking=True)
+
+    @torch.no_grad()
+    def _score_all(
+        self,
+        tb: batching.TrainBatch,
+        scorer: Scorer | None,
+        *,
+        entropy: bool = False,
+        value_head: nn.Module | None = None,
+    ) -> Scores:
+        assert scorer is not None
+        logprobs = torch.zeros_like(tb.response_mask)
+        values = torch.zeros_like(tb.response_mask) if value_head is not None else None
+        for micro in self._micro(tb, range(tb.num_sequences)):
+            length = int(tb.lengths[micro].max())
+            s = scorer(
+                self._slice(tb.input_ids, micro, length),
+                self._slice(tb.attention_mask, micro, length),
+                self._slice(tb.response_mask, micro, length - 1),
+                entropy=entropy,
+                value_head=value_head,
+            )
+            logprobs[micro, : length - 1] = s.logprobs.float().cpu()
+            if values is not None and s.values is not None:
+                values[micro, : length - 1] = s.values.float().cpu()
+        return Scores(logprobs=logprobs, values=values)
+
+    def _update(
+        self,
+        tb: batching.TrainBatch,
+        rows: list[int],
+        old: torch.Tensor | None,
+        ref_logprobs: torch.Tensor | None,
+        values: torch.Tensor | None,
+        acc: Accumulator,
+        fused_logprobs: torch.Tensor | None,
+    ) -> None:
+        """One parameter update on ``rows``: accumulate micro-batch gradients, clip, step."""
+        from verl.trainer.ppo.core_algos import agg_loss, compute_value_loss, kl_penalty
+
+        algo, opts = self.algorithm, self.options
+        mode = algo.loss_agg_mode
+        resp = tb.response_mask[rows]
+        widest = int(tb.lengths[rows].max()) - 1
+        # verl normalises each micro-batch's loss by the whole mini-batch, so the accumulated
+        # gradient does not depend on how the mini-batch was split (as in its FSDP actor).
+        info = {
+            "dp_size": 1,
+            "batch_num_tokens": int(resp.sum().item()),
+            "global_batch_size": int((resp.sum(dim=-1) > 0).sum().item()),
+            "loss_scale_factor": opts.loss_scale_factor or widest,
+        }
+        self.actor_cfg.global_batch_info.clear()
+        self.actor_cfg.global_batch_info.update(info)
+        self.optim.zero_grad(set_to_none=True)
+        for micro in self._micro(tb, rows):
+            length = int(tb.lengths[micro].max())
+            width = length - 1
+            mask = self._slice(tb.response_mask, micro, width) > 0
+            scores = self.scorer(
+                self._slice(tb.input_ids, micro, length),
+                self._slice(tb.attention_mask, micro, length),
+                mask.float(),
+                entropy=True,
+                entropy_grad=algo.entropy_coef > 0,
+                value_head=self.value_head,
+            )
+            logprobs = scores.logprobs
+            if fused_logprobs is not None:
+                fused_logprobs[micro, :width] = logprobs.detach().float().cpu()
+            old_mb = logprobs.detach() if old is None else self._slice(old, micro, width)
+            pg_loss, pg_metrics = self.policy_loss_fn(
+                old_log_prob=old_mb,
+                log_prob=logprobs,
+                advantages=self._slice(tb.advantages, micro, width),
+                response_mask=mask,
+                loss_agg_mode=mode,
+                config=self.actor_cfg,
+                rollout_is_weights=None,
+            )
+            loss = pg_loss
+            n_tokens = int(mask.sum().item())
+            acc.add_weighted(pg_metrics, n_tokens)
+            acc.add_sum("actor/pg_loss", float(pg_loss.detach()))
+            assert scores.entropy is not None
+            entropy_loss = agg_loss(
+                loss_mat=scores.entropy, loss_mask=mask, loss_agg_mode=mode, **info
+            )
+            if algo.entropy_coef > 0:
+                loss = loss - algo.entropy_coef * entropy_loss
+            acc.add_weighted(
+                {"actor/entropy": float(scores.entropy[mask].detach().mean())}, n_tokens
+            )
+            if ref_logprobs is not None:
+                kld = kl_penalty(
+                    logprob=logprobs,
+                    ref_logprob=self._slice(ref_logprobs, micro, width),
+                    kl_penalty=opts.kl_loss_type,
+                )
+                kl_loss = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=mode, **info)
+                loss = loss + algo.kl_coef * kl_loss
+                acc.add_weighted({"actor/kl_ref": float(kld[mask].detach().mean())}, n_tokens)
+            if self.value_head is not None:
+                assert values is not None and tb.returns is not None
+                vf_loss, vf_clipfrac = compute_value_loss(
+                    vpreds=scores.values,
+                    returns=self._slice(tb.returns, micro, width),
+                    values=self._slice(values, micro, width),
+                    response_mask=mask,
+                    cliprange_value=opts.cliprange_value,
+                    loss_agg_mode=mode,
+                    **info,
+                )
+                loss = loss + opts.value_coef * vf_loss
+                acc.add_sum("critic/vf_loss", float(vf_loss.detach()))
+                acc.add_weighted({"critic/vf_clipfrac": float(vf_clipfrac)}, n_tokens)
+            loss.backward()
+            acc.tokens += int(tb.lengths[micro].sum())
+            acc.micro_batches += 1
+
+        limit = opts.grad_clip if opts.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, limit))
+        acc.updates += 1
+        if math.isfinite(grad_norm):
+            self.optim.step()
+            self.updates += 1
+            acc.grad_norms.append(grad_norm)
+        else:
+            acc.nonfinite += 1
+        self.optim.zero_grad(set_to_none=True)
+
+    # -- weights and checkpoints ---------------------------------------------------------
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's state dict, copied to the CPU (for ``Engine.update_weights``)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def save(self, path: Path) -> None:
+        """Write a checkpoint folder (layout in ``checkpoint.py``); ``COMPLETE`` goes last."""
+        checkpoint.save(self, path)
+
+    def load(self, path: Path) -> None:
+        """Restore exactly what ``save`` wrote (refuses a checkpoint without ``COMPLETE``)."""
+        checkpoint.load(self, path)

@@ -1,0 +1,13 @@
+"""slr-backend-k8s: one Kubernetes pod per trial, through the official ``kubernetes`` client."""
+
+from __future__ import annotations
+
+import slr
+from slr_backend_k8s.config import K8sBackendConfig
+
+__all__ = ["K8sBackendConfig"]
+
+
+@slr.hookimpl
+def register_sandbox_backends(register):
+    register("k8s", "slr_backend_k8s.backend:K8sBackend", config_cls=K8sBackendConfig)
