@@ -1,4 +1,4 @@
-"""Helpers for the adapter end-to-end tests: a taught tiny policy, proxy sessions."""
+"""Helpers for the adapter end-to-end tests: a taught tiny policy."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from filelock import FileLock
 from slr_engine_hf.engine import HfEngine
 from slr_engine_hf.models import cache_dir
 from slr_engine_hf.tiny import chat_prompt, save, teach, tokenizer
-
-from slr.contracts import Endpoint, Trajectory
 
 #: The action that solves examples/tasks/hello-world, in every scaffold's format.
 HELLO = "printf 'hello\\n' > /app/hello.txt"
@@ -85,17 +83,3 @@ def taught_engine(action: str) -> HfEngine:
             tmp.rename(folder)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     return HfEngine.from_model(model, tok)
-
-
-class ProxySessions:
-    """The trial runner's session factory over the in-process proxy (on its own thread)."""
-
-    def __init__(self, proxy: Any, protocol: str, model: str) -> None:
-        self.proxy, self.protocol, self.model = proxy, protocol, model
-
-    async def open(self, trial_id: str) -> tuple[Endpoint, Any]:
-        session = self.proxy.open_session(trial_id)
-        return session.endpoint(self.protocol, model=self.model), session
-
-    async def close(self, handle: Any) -> Trajectory | None:
-        return self.proxy.close_session(handle)

@@ -20,7 +20,7 @@ import json
 import math
 
 import pytest
-from e2e_support import HELLO, ProxySessions, taught_engine
+from e2e_support import HELLO, taught_engine
 from slr_adapter_claude_code.adapter import ClaudeCode, ClaudeCodeConfig
 from slr_adapter_mini_swe_agent.adapter import MiniSweAgent
 from slr_adapter_opencode.adapter import OpenCode, OpenCodeConfig
@@ -30,7 +30,7 @@ from slr_adapter_terminus.adapter import Terminus, TerminusConfig
 from slr.config import ProxySection
 from slr.contracts import SamplingParams, TerminationReason
 from slr.plugins import get_plugin_manager
-from slr.proxy import Proxy, ProxyThread
+from slr.proxy import Proxy, ProxySessions, ProxyThread
 from slr.trial import run_trial
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
@@ -101,7 +101,7 @@ def test_trial_end_to_end(scaffold, backend_name, request, hello_task):
             backend=backend,
             agent=adapter,
             verifier=verifier,
-            session_factory=ProxySessions(proxy, adapter.protocol, MODEL),
+            session_factory=ProxySessions(proxy, protocol=adapter.protocol, model=MODEL),
             agent_name=name,
             agent_timeout_s=300,
         )
