@@ -34,7 +34,7 @@ def _model(tok: Any) -> torch.nn.Module:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=65536,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,  # teach sharpens an untied output head
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,

@@ -8,11 +8,11 @@ import pytest
 from slr_adapter_opencode.adapter import OpenCode
 
 from slr.contracts import Endpoint
-from slr.testing import AgentAdapterTests
+from slr.testing import ScaffoldAdapterTests
 from slr.testing.scripted_policy import Reply, ToolCall
 
 
-class TestOpenCode(AgentAdapterTests):
+class TestOpenCode(ScaffoldAdapterTests):
     @pytest.fixture(scope="class")
     @classmethod
     def adapter(cls):

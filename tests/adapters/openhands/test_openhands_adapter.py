@@ -6,11 +6,11 @@ import pytest
 from slr_adapter_openhands.adapter import OpenHands
 
 from slr.contracts import Endpoint
-from slr.testing import AgentAdapterTests
+from slr.testing import ScaffoldAdapterTests
 from slr.testing.scripted_policy import Reply, ToolCall
 
 
-class TestOpenHands(AgentAdapterTests):
+class TestOpenHands(ScaffoldAdapterTests):
     @pytest.fixture(scope="class")
     @classmethod
     def adapter(cls):

@@ -6,7 +6,18 @@ adds an in-process plugin that is gone after the test. Backends, adapters and en
 subclass the conformance suites in ``slr.testing.conformance``.
 """
 
-from slr.testing.conformance import AgentAdapterTests, EngineTests, SandboxBackendTests
+from slr.testing.conformance import (
+    AgentAdapterTests,
+    EngineTests,
+    SandboxBackendTests,
+    ScaffoldAdapterTests,
+)
 from slr.testing.fixtures import PluginsForTest
 
-__all__ = ["AgentAdapterTests", "EngineTests", "PluginsForTest", "SandboxBackendTests"]
+__all__ = [
+    "AgentAdapterTests",
+    "EngineTests",
+    "PluginsForTest",
+    "SandboxBackendTests",
+    "ScaffoldAdapterTests",
+]

@@ -339,14 +339,43 @@ class AgentRun:
 
 
 class AgentAdapterTests:
-    """The contract every agent adapter keeps, checked against its real scaffold.
+    """The contract every agent adapter keeps. Provide an ``adapter`` fixture.
+
+    Adapters whose scaffold talks to a model subclass ``ScaffoldAdapterTests``, which adds
+    the checks against the real scaffold; agents that call no model (``oracle``, ``nop``)
+    subclass this one.
+    """
+
+    def test_is_an_adapter(self, adapter):
+        assert isinstance(adapter, AgentAdapter)
+        assert adapter.protocol in ("openai", "anthropic")
+
+    def test_config_is_documented(self, adapter):
+        config = getattr(adapter, "config", None)
+        if config is None or not attrs.has(type(config)):
+            pytest.skip("this adapter has no config class")
+        for f in attrs.fields(type(config)):
+            assert f.metadata.get("doc"), f"{type(config).__name__}.{f.name} has no doc"
+
+    @pytest.mark.slow
+    def test_bundle_is_built_once(self, adapter):
+        first = adapter.bundle()
+        second = adapter.bundle()
+        assert first == second
+        assert first.path.is_dir()
+        assert first.version
+
+
+class ScaffoldAdapterTests(AgentAdapterTests):
+    """``AgentAdapterTests`` plus the contract checked against the real scaffold.
 
     Provide the fixtures:
 
-    - ``adapter``: the ``AgentAdapter`` under test.
+    - ``adapter``: the ``AgentAdapter`` under test (class- or session-scoped).
     - ``sandbox_factory``: an async callable ``start(bundle) -> Sandbox`` that starts a
-      fresh sandbox with ``bundle.path`` mounted read-only at the same path (the suite stops
-      it), and in which the endpoint URL from ``sandbox.proxy_url(url)`` reaches the host.
+      fresh sandbox with ``bundle.path`` mounted read-only where the trial runner mounts it
+      (the suite stops it), and in which ``sandbox.proxy_url(url)`` reaches the host.
+      slr's pytest plugin provides one on the ``local`` backend (``$SLR_TEST_BACKEND``).
     - ``hello_script``: the ``Reply`` list with which a model makes this scaffold create
       ``hello.txt`` containing ``hello`` in its working directory, in the scaffold's own
       action format (tool call, JSON command, bash block), and then finish.
@@ -397,25 +426,6 @@ class AgentAdapterTests:
             scripted_policy.reset()
 
     # -- the contract ---------------------------------------------------------------------
-
-    def test_is_an_adapter(self, adapter):
-        assert isinstance(adapter, AgentAdapter)
-        assert adapter.protocol in ("openai", "anthropic")
-
-    def test_config_is_documented(self, adapter):
-        config = getattr(adapter, "config", None)
-        if config is None or not attrs.has(type(config)):
-            pytest.skip("this adapter has no config class")
-        for f in attrs.fields(type(config)):
-            assert f.metadata.get("doc"), f"{type(config).__name__}.{f.name} has no doc"
-
-    @pytest.mark.slow
-    def test_bundle_is_built_once(self, adapter):
-        first = adapter.bundle()
-        second = adapter.bundle()
-        assert first == second
-        assert first.path.is_dir()
-        assert first.version
 
     @pytest.mark.slow
     def test_calls_the_endpoint_in_its_declared_protocol(self, adapter, hello_run):
