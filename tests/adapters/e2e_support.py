@@ -82,4 +82,11 @@ def taught_engine(action: str) -> HfEngine:
             save(model, tok, tmp)
             tmp.rename(folder)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    # Fail here, by name, when the teaching did not take: a scaffold run would only show
+    # reward 0 after minutes.
+    probe = chat_prompt(tok, [{"role": "user", "content": "Create hello.txt containing hello."}])
+    with torch.no_grad():
+        out = model.generate(torch.tensor([probe]), max_new_tokens=200, do_sample=False)
+    said = tok.decode(out[0][len(probe) :], skip_special_tokens=True)
+    assert said == action, f"the taught policy says {said!r}, not {action!r} ({folder})"
     return HfEngine.from_model(model, tok)
