@@ -152,7 +152,9 @@ def tiny_engine(smol_tokenizer):
 
 @pytest.fixture(scope="session")
 def proxy(tiny_engine):
-    config = ProxySection(max_body_bytes=256 * 1024, model_names=["policy"])
+    config = ProxySection(
+        max_body_bytes=256 * 1024, model_names=["policy"], client_sampling="honor"
+    )
     proxy = Proxy(tiny_engine, config, sampling=SamplingParams(max_tokens=64))
     with ProxyThread(proxy):
         yield proxy

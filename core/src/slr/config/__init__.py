@@ -121,6 +121,12 @@ class ProxySection:
     max_body_bytes: int = option(
         8 * 1024 * 1024, doc="Largest request body accepted.", validator=validators.ge(1024)
     )
+    client_sampling: Literal["ignore", "honor"] = option(
+        "ignore",
+        doc="What to do with the temperature / top_p / top_k an agent sends. 'ignore': sample "
+        "with [rollout]'s values, so the behaviour log-probs are taken at the temperature the "
+        "trainer scores with (training needs this). 'honor': use the agent's values (serving).",
+    )
     model_names: list[str] = option(
         factory=lambda: ["policy"],
         doc="Model names the proxy answers to (what agents pass as `model`); a request for "
