@@ -129,10 +129,13 @@ class HfEngine:
         if self._closed:
             raise EngineUnavailable("this hf engine is closed")
         future: Future = Future()
-        self._scheduler.submit(
-            Request(prompt=prompt, sampling=sampling, session_id=session_id, future=future)
-        )
-        return await asyncio.wrap_future(future)
+        request = Request(prompt=prompt, sampling=sampling, session_id=session_id, future=future)
+        self._scheduler.submit(request)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            request.cancelled = True  # the worker drops the row at its next step
+            raise
 
     async def update_weights(
         self, state_dict: Mapping[str, Any], *, version: int | None = None

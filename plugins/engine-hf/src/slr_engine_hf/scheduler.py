@@ -37,6 +37,7 @@ class Request:
     tokens: list[int] = attrs.Factory(list)
     logprobs: list[float] = attrs.Factory(list)
     version: int = 0
+    cancelled: bool = False  # set by the caller's side when it stops waiting
     stop_text_tokens: int = 0  # how many trailing tokens to decode when checking stop strings
 
     def __attrs_post_init__(self) -> None:
@@ -185,7 +186,7 @@ class Scheduler(threading.Thread):
                 if self._rows:
                     self._decode_step()
         except BaseException as exc:  # a bug or a dead device: nothing may hang on it
-            log.exception("engine worker crashed")
+            log.error("engine worker crashed", error=repr(exc))
             with self._cond:
                 self._error = self._error or exc
         finally:
@@ -235,13 +236,13 @@ class Scheduler(threading.Thread):
             update.future.set_exception(exc)
 
     def _drop_cancelled(self) -> None:
-        keep = [i for i, r in enumerate(self._rows) if not r.future.cancelled()]
+        keep = [i for i, r in enumerate(self._rows) if not r.cancelled]
         if len(keep) != len(self._rows):
             self._rows = [self._rows[i] for i in keep]
             self._batch.keep(keep)
 
     def _admit(self, request: Request) -> None:
-        if not request.future.set_running_or_notify_cancel():
+        if request.cancelled or not request.future.set_running_or_notify_cancel():
             return
         try:
             request.version = self.version
@@ -289,14 +290,22 @@ class Scheduler(threading.Thread):
 
     def _retire(self, finished: dict[int, str]) -> None:
         """Hand finished rows their Generation, keep their KV for the session, drop them."""
+        done = []
         for row, reason in finished.items():
             request = self._rows[row]
             # The KV holds the prompt and every generated token but the last (never fed).
             cached = [*request.prompt, *request.tokens[:-1]]
-            if request.session_id is not None:
+            if request.session_id is not None and self.prefix_cache.max_tokens > 0:
                 self.prefix_cache.put(
                     request.session_id, cached, self._batch.row_kv(row, len(cached))
                 )
+            done.append((request, reason))
+        keep = [i for i in range(len(self._rows)) if i not in finished]
+        with self._cond:
+            self._rows = [self._rows[i] for i in keep]
+        self._batch.keep(keep)
+        # results go out only after the row has left, so a caller sees a consistent load
+        for request, reason in done:
             if not request.future.done():
                 request.future.set_result(
                     Generation(
@@ -307,9 +316,6 @@ class Scheduler(threading.Thread):
                         prompt_tokens=len(request.prompt),
                     )
                 )
-        keep = [i for i in range(len(self._rows)) if i not in finished]
-        self._rows = [self._rows[i] for i in keep]
-        self._batch.keep(keep)
 
     def _finish_reason(self, request: Request, token: int) -> str | None:
         if token in self.eos_token_ids or token in request.sampling.stop_token_ids:
