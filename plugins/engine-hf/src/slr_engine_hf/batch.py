@@ -54,8 +54,21 @@ class Batch:
     """KV tensors and the padding mask of the active rows (row order = ``len`` order)."""
 
     def __init__(self) -> None:
-        self.kv: KV | None = None
+        self._kv: KV | None = None
+        # Between composition changes the model appends to one DynamicCache in place;
+        # rebuilding it every step would copy the whole cache once more per step.
+        self._cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [B, L] long, 0 = padding
+
+    @property
+    def kv(self) -> KV | None:
+        if self._cache is not None:
+            self._kv, self._cache = cache_tensors(self._cache), None
+        return self._kv
+
+    @kv.setter
+    def kv(self, value: KV | None) -> None:
+        self._kv, self._cache = value, None
 
     @property
     def size(self) -> int:
@@ -92,10 +105,11 @@ class Batch:
 
     def row_kv(self, row: int, length: int) -> KV:
         """The last ``length`` cache entries of one row (its real tokens), copied."""
-        assert self.kv is not None
+        tensors = cache_tensors(self._cache) if self._cache is not None else self._kv
+        assert tensors is not None
         return [
             (k[row : row + 1, :, -length:].clone(), v[row : row + 1, :, -length:].clone())
-            for k, v in self.kv
+            for k, v in tensors
         ]
 
     def keep(self, rows: Sequence[int]) -> None:
@@ -119,20 +133,24 @@ class Batch:
         self, model: torch.nn.Module, next_tokens: Sequence[int], positions: Sequence[int]
     ) -> torch.Tensor:
         """Feed one token per row; returns the next-token logits [B, vocab] (fp32)."""
-        assert self.kv is not None and self.mask is not None
+        assert self.mask is not None and (self._kv is not None or self._cache is not None)
         device = self.mask.device
         input_ids = torch.tensor([[t] for t in next_tokens], dtype=torch.long, device=device)
         position_ids = torch.tensor([[p] for p in positions], dtype=torch.long, device=device)
         mask = torch.cat([self.mask, self.mask.new_ones((self.size, 1))], dim=1)
+        if self._cache is None:
+            assert self._kv is not None
+            self._cache = make_cache(self._kv)
+            self._kv = None
         logits, cache = _forward(
             model,
-            make_cache(self.kv),
+            self._cache,
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=position_ids,
             cache_position=torch.tensor([self.width], dtype=torch.long, device=device),
         )
-        self.kv, self.mask = cache_tensors(cache), mask
+        self._cache, self.mask = cache, mask
         return logits[:, -1].float()
 
 

@@ -9,7 +9,7 @@ from slr_engine_hf.config import DEFAULT_MODEL
 
 @click.group()
 def models() -> None:
-    """Models for the embedded ``hf`` engine."""
+    """Models for the embedded hf engine (prepare the cache ahead of time)."""
 
 
 @models.command()
