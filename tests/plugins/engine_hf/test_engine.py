@@ -24,6 +24,22 @@ def test_registered_as_the_hf_engine_plugin():
     assert registration.load() is HfEngine
 
 
+def test_config_section_is_validated_by_name():
+    from slr.config.structure import structure
+    from slr.errors import ConfigError
+
+    options = structure({"max_batch": 4, "dtype": "bfloat16"}, HfEngineConfig, path="engine")
+    assert (options.max_batch, options.dtype, options.model) == (
+        4,
+        "bfloat16",
+        "smollm2-135m-instruct",
+    )
+    with pytest.raises(ConfigError, match="max_bach"):
+        structure({"max_bach": 4}, HfEngineConfig, path="engine")
+    with pytest.raises(ConfigError, match="float64"):
+        structure({"dtype": "float64"}, HfEngineConfig, path="engine")
+
+
 def test_seeded_sampling_reproducible_and_seeds_differ(tiny_engine):
     async def run():
         p = SamplingParams(temperature=1.0, max_tokens=20, seed=42)
@@ -223,3 +239,42 @@ def test_loads_a_saved_model_folder(tiny_pair, tmp_path):
     finally:
         asyncio.run(direct.close())
     assert a.token_ids == b.token_ids
+
+
+@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral"])
+def test_moe_routing_is_recorded_for_every_token_fed(tiny_pair, reference_logprobs, architecture):
+    """With return_routed_experts, each token run through the model (prompt and all
+    generated tokens but the last) carries its top-k experts per MoE layer, matching a
+    separate forward pass; a session's second call includes the reused prefix too."""
+    model, tok = tiny.tiny_model(architecture, experts=4, experts_per_token=2, tok=tiny_pair[1])
+    engine = HfEngine.from_model(model, tok, HfEngineConfig(return_routed_experts=True))
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=0)
+
+    async def run():
+        first, other = await asyncio.gather(
+            engine.generate(PROMPT, params, session_id="m"),
+            engine.generate(PROMPT[:11], params, session_id="n"),
+        )
+        follow = [*PROMPT, *first.token_ids, 77, 78]
+        second = await engine.generate(follow, params, session_id="m")
+        return first, other, follow, second
+
+    try:
+        first, other, follow, second = asyncio.run(run())
+    finally:
+        asyncio.run(engine.close())
+    assert engine.stats()["prefix_cache_hits"] == 1
+    for prompt, gen in ((PROMPT, first), (PROMPT[:11], other), (follow, second)):
+        fed = [*prompt, *gen.token_ids[:-1]]
+        assert len(gen.routed_experts) == len(fed)
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([fed]), output_router_logits=True)
+        expected = torch.stack([r.topk(2, dim=-1).indices for r in out.router_logits], dim=1)
+        assert torch.equal(torch.tensor(gen.routed_experts), expected)
+        ref = reference_logprobs(model, prompt, gen.token_ids, 1.0)
+        assert max(abs(a - b) for a, b in zip(ref, gen.logprobs, strict=True)) <= 1e-4
+
+
+def test_routing_capture_needs_a_moe_model(tiny_pair):
+    with pytest.raises(ValueError, match="not a mixture-of-experts model"):
+        HfEngine.from_model(*tiny_pair, HfEngineConfig(return_routed_experts=True))

@@ -88,6 +88,7 @@ class HfEngine:
             max_context=self._max_context,
             eos_token_ids=eos,
             prefix_cache_tokens=config.prefix_cache_tokens,
+            routing_k=self._routing_k(model) if config.return_routed_experts else 0,
         )
         self._scheduler.start()
         log.info(
@@ -97,6 +98,16 @@ class HfEngine:
             max_context=self._max_context,
             max_batch=config.max_batch,
         )
+
+    @staticmethod
+    def _routing_k(model: Any) -> int:
+        k = getattr(model.config.get_text_config(), "num_experts_per_tok", None)
+        if not k:
+            raise ValueError(
+                f"return_routed_experts is set but {type(model).__name__} is not a "
+                f"mixture-of-experts model (its config has no num_experts_per_tok)"
+            )
+        return int(k)
 
     # -- the Engine protocol --------------------------------------------------------------
 
