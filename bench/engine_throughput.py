@@ -7,7 +7,9 @@ as ratios to single-stream ``model.generate`` on the same model in the same run.
 Every session asks for ``--max-tokens`` tokens from a prompt that invites a long answer;
 throughput counts the tokens actually generated (a session may stop early at EOS) over
 the wall time of the whole round. The baseline samples with the same temperature and
-forces exactly ``--max-tokens`` new tokens.
+forces exactly ``--max-tokens`` new tokens. Each setting runs ``--repeats`` times, each
+engine round paired with a baseline run right before it (other processes' load drifts);
+the figures are medians.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import time
 
 import torch
@@ -90,6 +93,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--repeats", type=int, default=3, help="paired runs per setting")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
 
@@ -99,28 +103,38 @@ def main() -> None:
     baseline(engine, first, 4)
     asyncio.run(engine_round(engine, 1, 4))
 
-    base = baseline(engine, first, args.max_tokens)
-    rows = []
+    # Load from other processes drifts; pair each engine round with a baseline run next to
+    # it and report medians over --repeats pairs.
+    rows, bases = [], []
     for c in [int(x) for x in args.concurrency.split(",")]:
-        rate, tokens = asyncio.run(engine_round(engine, c, args.max_tokens))
+        rates, pair_bases, tokens = [], [], 0
+        for _ in range(args.repeats):
+            pair_bases.append(baseline(engine, first, args.max_tokens))
+            rate, tokens = asyncio.run(engine_round(engine, c, args.max_tokens))
+            rates.append(rate)
+        base_c, rate_c = statistics.median(pair_bases), statistics.median(rates)
+        bases.extend(pair_bases)
         rows.append(
             {
                 "concurrency": c,
                 "tokens": tokens,
-                "tokens_per_s": rate,
-                "ratio_to_generate": rate / base,
+                "tokens_per_s": rate_c,
+                "generate_tokens_per_s": base_c,
+                "ratio_to_generate": rate_c / base_c,
             }
         )
+    base = statistics.median(bases)
     asyncio.run(engine.close())
 
     print(
-        f"model.generate, 1 stream: {base:.1f} tokens/s  (torch threads: {torch.get_num_threads()})"
+        f"median of {args.repeats} paired runs, {args.max_tokens} tokens per session, "
+        f"torch threads: {torch.get_num_threads()}"
     )
-    print("sessions  tokens  tokens/s  x generate")
+    print("sessions  tokens/s  model.generate tokens/s (1 stream)  ratio")
     for r in rows:
         print(
-            f"{r['concurrency']:>8}  {r['tokens']:>6}  {r['tokens_per_s']:>8.1f}  "
-            f"{r['ratio_to_generate']:>10.2f}"
+            f"{r['concurrency']:>8}  {r['tokens_per_s']:>8.1f}  "
+            f"{r['generate_tokens_per_s']:>33.1f}  {r['ratio_to_generate']:>5.2f}"
         )
     if args.json_path:
         with open(args.json_path, "w") as f:
