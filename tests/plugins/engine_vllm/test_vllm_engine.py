@@ -375,6 +375,19 @@ def test_registered_factory_builds_a_balancer_over_replicas(fake_vllm_on_path, t
     assert create_engine is registration.load()
 
 
+def test_factory_works_inside_a_running_event_loop(fake_vllm_on_path, tokenizer_dir):
+    config = VllmEngineConfig(model="m", tokenizer=str(tokenizer_dir), max_context=32)
+
+    async def inside():
+        engine = create_engine(config)  # e.g. built by code already running in asyncio
+        try:
+            return await engine.generate([7], SamplingParams(max_tokens=1))
+        finally:
+            await engine.close()
+
+    assert asyncio.run(inside()).token_ids == (8,)
+
+
 class TestVllmEngineConformanceAgainstStandIn(EngineTests):
     """The contract checks that do not depend on real sampling (the stand-in's 'sampling'
     is deterministic, so seeded reproducibility holds trivially; see README)."""

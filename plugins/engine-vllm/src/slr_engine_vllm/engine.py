@@ -240,11 +240,14 @@ def create_engine(config: VllmEngineConfig | None = None) -> VllmEngine | LoadBa
 
 
 def _run_sync(coro: Any) -> Any:
+    """Run ``coro`` to completion from synchronous code, even inside a running loop (then
+    on a helper thread with its own loop: construction blocks, like loading a model does;
+    the engines make a fresh HTTP client per event loop, so nothing is tied to that one)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
-    raise RuntimeError(
-        "create_engine was called inside a running event loop; use "
-        "`await start_engines(config)` there instead"
-    )
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
