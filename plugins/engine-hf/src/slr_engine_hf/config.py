@@ -38,6 +38,11 @@ class HfEngineConfig:
         "runs its new tokens (0: off).",
         validator=validators.ge(0),
     )
+    return_routed_experts: bool = option(
+        False,
+        doc="For mixture-of-experts models: record each token's top-k expert ids per MoE "
+        "layer in Generation.routed_experts.",
+    )
     threads: int = option(
         0, doc="torch CPU threads (0: leave torch's default).", validator=validators.ge(0)
     )

@@ -88,6 +88,7 @@ class HfEngine:
             max_context=self._max_context,
             eos_token_ids=eos,
             prefix_cache_tokens=config.prefix_cache_tokens,
+            routing_k=self._routing_k(model) if config.return_routed_experts else 0,
         )
         self._scheduler.start()
         log.info(
@@ -97,6 +98,16 @@ class HfEngine:
             max_context=self._max_context,
             max_batch=config.max_batch,
         )
+
+    @staticmethod
+    def _routing_k(model: Any) -> int:
+        k = getattr(model.config.get_text_config(), "num_experts_per_tok", None)
+        if not k:
+            raise ValueError(
+                f"return_routed_experts is set but {type(model).__name__} is not a "
+                f"mixture-of-experts model (its config has no num_experts_per_tok)"
+            )
+        return int(k)
 
     # -- the Engine protocol --------------------------------------------------------------
 
@@ -129,10 +140,13 @@ class HfEngine:
         if self._closed:
             raise EngineUnavailable("this hf engine is closed")
         future: Future = Future()
-        self._scheduler.submit(
-            Request(prompt=prompt, sampling=sampling, session_id=session_id, future=future)
-        )
-        return await asyncio.wrap_future(future)
+        request = Request(prompt=prompt, sampling=sampling, session_id=session_id, future=future)
+        self._scheduler.submit(request)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            request.cancelled = True  # the worker drops the row at its next step
+            raise
 
     async def update_weights(
         self, state_dict: Mapping[str, Any], *, version: int | None = None

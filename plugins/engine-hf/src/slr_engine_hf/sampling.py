@@ -52,6 +52,8 @@ def sample_rows(
     generators: list[torch.Generator],
 ) -> tuple[list[int], list[float]]:
     """Sample one token per row; return the tokens and their behaviour log-probs."""
+    # Sampling runs on the CPU with per-request CPU generators, whatever the model's device.
+    logits = logits.detach().to("cpu", torch.float32)
     temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
     logprobs = token_logprobs(logits, temps)
     tokens: list[int] = []

@@ -37,6 +37,8 @@ class Request:
     tokens: list[int] = attrs.Factory(list)
     logprobs: list[float] = attrs.Factory(list)
     version: int = 0
+    routing: list[list[list[int]]] | None = None  # per token fed: per MoE layer: expert ids
+    cancelled: bool = False  # set by the caller's side when it stops waiting
     stop_text_tokens: int = 0  # how many trailing tokens to decode when checking stop strings
 
     def __attrs_post_init__(self) -> None:
@@ -57,16 +59,17 @@ class PrefixCache:
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
-        self._entries: OrderedDict[str, tuple[list[int], KV]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[list[int], KV, list | None]] = OrderedDict()
         self._tokens = 0
         self.hits = 0
         self.reused_tokens = 0
 
-    def take(self, session_id: str | None, prompt: list[int]) -> tuple[KV | None, int]:
-        """The cached KV for the longest common prefix with ``prompt``, and its length."""
+    def take(self, session_id: str | None, prompt: list[int]) -> tuple[KV | None, int, list | None]:
+        """The cached KV (and routing) for the longest common prefix with ``prompt``, and
+        that prefix's length."""
         if session_id is None or session_id not in self._entries:
-            return None, 0
-        tokens, kv = self._entries.pop(session_id)
+            return None, 0, None
+        tokens, kv, routing = self._entries.pop(session_id)
         self._tokens -= len(tokens)
         n = 0
         for a, b in zip(tokens, prompt, strict=False):
@@ -75,20 +78,22 @@ class PrefixCache:
             n += 1
         n = min(n, len(prompt) - 1)  # at least one prompt token must run to get logits
         if n <= 0:
-            return None, 0
+            return None, 0, None
         self.hits += 1
         self.reused_tokens += n
-        return kv, n
+        return kv, n, (routing[:n] if routing is not None else None)
 
-    def put(self, session_id: str | None, tokens: list[int], kv: KV) -> None:
+    def put(
+        self, session_id: str | None, tokens: list[int], kv: KV, routing: list | None = None
+    ) -> None:
         if session_id is None or self.max_tokens <= 0 or len(tokens) > self.max_tokens:
             return
         if session_id in self._entries:
             self._tokens -= len(self._entries.pop(session_id)[0])
-        self._entries[session_id] = (tokens, kv)
+        self._entries[session_id] = (tokens, kv, routing)
         self._tokens += len(tokens)
         while self._tokens > self.max_tokens:
-            _, (old, _) = self._entries.popitem(last=False)
+            _, (old, _, _) = self._entries.popitem(last=False)
             self._tokens -= len(old)
 
     def clear(self) -> None:
@@ -108,6 +113,7 @@ class Scheduler(threading.Thread):
         max_context: int,
         eos_token_ids: set[int],
         prefix_cache_tokens: int,
+        routing_k: int = 0,
         name: str = "slr-engine-hf",
     ) -> None:
         super().__init__(name=name, daemon=True)
@@ -118,6 +124,7 @@ class Scheduler(threading.Thread):
         self.eos_token_ids = eos_token_ids
         self.version = 0
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.routing_k = routing_k
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._updates: deque[_Update] = deque()
@@ -185,7 +192,7 @@ class Scheduler(threading.Thread):
                 if self._rows:
                     self._decode_step()
         except BaseException as exc:  # a bug or a dead device: nothing may hang on it
-            log.exception("engine worker crashed")
+            log.error("engine worker crashed", error=repr(exc))
             with self._cond:
                 self._error = self._error or exc
         finally:
@@ -235,18 +242,22 @@ class Scheduler(threading.Thread):
             update.future.set_exception(exc)
 
     def _drop_cancelled(self) -> None:
-        keep = [i for i, r in enumerate(self._rows) if not r.future.cancelled()]
+        keep = [i for i, r in enumerate(self._rows) if not r.cancelled]
         if len(keep) != len(self._rows):
             self._rows = [self._rows[i] for i in keep]
             self._batch.keep(keep)
 
     def _admit(self, request: Request) -> None:
-        if not request.future.set_running_or_notify_cancel():
+        if request.cancelled or not request.future.set_running_or_notify_cancel():
             return
         try:
             request.version = self.version
-            prefix, reused = self.prefix_cache.take(request.session_id, request.prompt)
-            logits, kv = prefill(self.model, request.prompt, prefix, reused)
+            prefix, reused, routed = self.prefix_cache.take(request.session_id, request.prompt)
+            logits, kv, routing = prefill(
+                self.model, request.prompt, prefix, reused, self.routing_k
+            )
+            if routing is not None:
+                request.routing = [*(routed or []), *routing.tolist()]
             token, lp = sample_rows(logits.unsqueeze(0), [request.sampling], [request.generator])
         except BaseException as exc:
             request.future.set_exception(exc)
@@ -262,7 +273,11 @@ class Scheduler(threading.Thread):
         next_tokens = [r.tokens[-1] for r in rows]
         positions = [len(r.prompt) + len(r.tokens) - 1 for r in rows]
         try:
-            logits = self._batch.step(self.model, next_tokens, positions)
+            logits, routing = self._batch.step(self.model, next_tokens, positions, self.routing_k)
+            if routing is not None:
+                for r, row_routing in zip(rows, routing.tolist(), strict=True):
+                    assert r.routing is not None
+                    r.routing.append(row_routing)
             tokens, lps = sample_rows(
                 logits, [r.sampling for r in rows], [r.generator for r in rows]
             )
@@ -289,27 +304,36 @@ class Scheduler(threading.Thread):
 
     def _retire(self, finished: dict[int, str]) -> None:
         """Hand finished rows their Generation, keep their KV for the session, drop them."""
+        done = []
         for row, reason in finished.items():
             request = self._rows[row]
             # The KV holds the prompt and every generated token but the last (never fed).
             cached = [*request.prompt, *request.tokens[:-1]]
-            if request.session_id is not None:
+            if request.session_id is not None and self.prefix_cache.max_tokens > 0:
                 self.prefix_cache.put(
-                    request.session_id, cached, self._batch.row_kv(row, len(cached))
+                    request.session_id,
+                    cached,
+                    self._batch.row_kv(row, len(cached)),
+                    request.routing,
                 )
+            done.append((request, reason))
+        keep = [i for i in range(len(self._rows)) if i not in finished]
+        with self._cond:
+            self._rows = [self._rows[i] for i in keep]
+        self._batch.keep(keep)
+        # results go out only after the row has left, so a caller sees a consistent load
+        for request, reason in done:
             if not request.future.done():
                 request.future.set_result(
                     Generation(
                         token_ids=request.tokens,
                         logprobs=request.logprobs,
                         finish_reason=reason,
+                        routed_experts=request.routing,
                         weights_version=request.version,
                         prompt_tokens=len(request.prompt),
                     )
                 )
-        keep = [i for i in range(len(self._rows)) if i not in finished]
-        self._rows = [self._rows[i] for i in keep]
-        self._batch.keep(keep)
 
     def _finish_reason(self, request: Request, token: int) -> str | None:
         if token in self.eos_token_ids or token in request.sampling.stop_token_ids:

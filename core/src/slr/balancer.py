@@ -1,0 +1,254 @@
+"""The load balancer: one ``Engine`` in front of N engine replicas, sticky per session.
+
+A new session goes to the least-loaded healthy replica; every later call of that session
+goes to the same replica, so the replica's prefix cache holds the session's history. A
+replica that raises (other than for a bad request) or reports itself unhealthy is marked
+down; the call is retried on another replica and the session moves there, with the move
+recorded. When no replica is left the call raises ``EngineUnavailable``; nothing waits
+forever on a dead replica (an optional per-call timeout covers replicas that hang).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attrs import define, field, frozen
+
+from slr.contracts import ContextOverflow, Engine, EngineUnavailable, Generation, SamplingParams
+
+#: Errors that are the caller's fault: the same request would fail on any replica.
+CLIENT_ERRORS: tuple[type[BaseException], ...] = (ContextOverflow, ValueError, TypeError)
+
+
+@frozen(kw_only=True)
+class SessionMove:
+    """A session left a replica (because it went down) for another one."""
+
+    session_id: str
+    from_replica: str
+    to_replica: str
+    reason: str
+    at: float
+
+
+@define(kw_only=True, eq=False)
+class _Replica:
+    name: str
+    engine: Engine
+    up: bool = True
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    sessions: set[str] = field(factory=set)
+
+
+class LoadBalancer:
+    """Implements ``slr.contracts.Engine`` over replicas of any engine.
+
+    ``call_timeout_s`` bounds one ``generate`` call on one replica (``None``: no bound;
+    a replica that dies fails its calls, so a bound is only needed for ones that hang).
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[Engine],
+        *,
+        names: Sequence[str] | None = None,
+        call_timeout_s: float | None = None,
+        max_sessions: int = 100_000,
+        max_moves_logged: int = 1000,
+    ) -> None:
+        if not replicas:
+            raise ValueError("LoadBalancer needs at least one engine replica")
+        names = list(names) if names is not None else [f"replica-{i}" for i in range(len(replicas))]
+        if len(names) != len(replicas) or len(set(names)) != len(names):
+            raise ValueError(f"replica names must be unique, one per replica; got {names}")
+        self._replicas = [_Replica(name=n, engine=e) for n, e in zip(names, replicas, strict=True)]
+        self._sessions: OrderedDict[str, _Replica] = OrderedDict()
+        self._max_sessions = max_sessions
+        self._call_timeout_s = call_timeout_s
+        self.moves: list[SessionMove] = []
+        self._max_moves_logged = max_moves_logged
+        self._counts = {"sticky_hits": 0, "new_sessions": 0, "moves": 0, "failovers": 0}
+
+    # -- Engine protocol ------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._replicas[0].engine.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return min(r.engine.max_context for r in self._replicas)
+
+    @property
+    def weights_version(self) -> int:
+        up = [r for r in self._replicas if r.up] or self._replicas
+        return min(r.engine.weights_version for r in up)
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
+        tried: set[str] = set()
+        while True:
+            replica = self._route(session_id, exclude=tried)
+            tried.add(replica.name)
+            replica.in_flight += 1
+            replica.requests += 1
+            try:
+                call = replica.engine.generate(prompt_ids, sampling, session_id=session_id)
+                if self._call_timeout_s is not None:
+                    return await asyncio.wait_for(call, self._call_timeout_s)
+                return await call
+            except CLIENT_ERRORS:
+                raise
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                reason = (
+                    f"no answer within {self._call_timeout_s}s"
+                    if isinstance(exc, TimeoutError)
+                    else f"{type(exc).__name__}: {exc}"
+                )
+                self._mark_down(replica, reason)
+                self._counts["failovers"] += 1
+            finally:
+                replica.in_flight -= 1
+
+    async def update_weights(
+        self, state_dict: Mapping[str, Any], *, version: int | None = None
+    ) -> int:
+        """Update every replica that is up, concurrently; a replica that fails goes down."""
+        up = [r for r in self._replicas if r.up]
+        if not up:
+            raise EngineUnavailable(self._none_left_message())
+        results = await asyncio.gather(
+            *(r.engine.update_weights(state_dict, version=version) for r in up),
+            return_exceptions=True,
+        )
+        versions = []
+        for replica, result in zip(up, results, strict=True):
+            if isinstance(result, BaseException):
+                self._mark_down(replica, f"update_weights failed: {result!r}")
+            else:
+                versions.append(int(result))
+        if not versions:
+            raise EngineUnavailable("update_weights failed on every replica; see metrics()")
+        return min(versions)
+
+    async def health(self) -> bool:
+        await self.check_health()
+        return any(r.up for r in self._replicas)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(r.engine.close() for r in self._replicas), return_exceptions=True)
+        for r in self._replicas:
+            r.up = False
+
+    # -- balancing ------------------------------------------------------------------------
+
+    async def check_health(self) -> dict[str, bool]:
+        """Ask every replica; mark the unhealthy ones down and the recovered ones up."""
+
+        async def ask(replica: _Replica) -> bool:
+            try:
+                return bool(await asyncio.wait_for(replica.engine.health(), 30))
+            except Exception:
+                return False
+
+        answers = await asyncio.gather(*(ask(r) for r in self._replicas))
+        for replica, ok in zip(self._replicas, answers, strict=True):
+            if not ok and replica.up:
+                self._mark_down(replica, "health check failed")
+            elif ok and not replica.up:
+                replica.up = True  # it takes new sessions again; moved ones stay moved
+        return {r.name: r.up for r in self._replicas}
+
+    def forget(self, session_id: str) -> None:
+        """Drop a finished session's pin (the proxy calls this when a session closes)."""
+        replica = self._sessions.pop(session_id, None)
+        if replica is not None:
+            replica.sessions.discard(session_id)
+
+    def replica_of(self, session_id: str) -> str | None:
+        replica = self._sessions.get(session_id)
+        return replica.name if replica is not None else None
+
+    def metrics(self) -> dict[str, Any]:
+        """Per-replica load and the stickiness counters, for logs and the dashboard."""
+        return {
+            "replicas": {
+                r.name: {
+                    "up": r.up,
+                    "in_flight": r.in_flight,
+                    "requests": r.requests,
+                    "sessions": len(r.sessions),
+                    "failures": r.failures,
+                    "last_error": r.last_error,
+                }
+                for r in self._replicas
+            },
+            **self._counts,
+            "recent_moves": [
+                {
+                    "session_id": m.session_id,
+                    "from": m.from_replica,
+                    "to": m.to_replica,
+                    "reason": m.reason,
+                    "at": m.at,
+                }
+                for m in self.moves[-20:]
+            ],
+        }
+
+    def _route(self, session_id: str | None, *, exclude: set[str]) -> _Replica:
+        current = self._sessions.get(session_id) if session_id is not None else None
+        if current is not None and current.up and current.name not in exclude:
+            self._counts["sticky_hits"] += 1
+            self._sessions.move_to_end(session_id)  # type: ignore[arg-type]
+            return current
+        candidates = [r for r in self._replicas if r.up and r.name not in exclude]
+        if not candidates:
+            raise EngineUnavailable(self._none_left_message())
+        chosen = min(candidates, key=lambda r: (r.in_flight, len(r.sessions)))
+        if session_id is None:
+            return chosen
+        if current is None:
+            self._counts["new_sessions"] += 1
+        else:
+            current.sessions.discard(session_id)
+            self._record_move(session_id, current, chosen)
+        chosen.sessions.add(session_id)
+        self._sessions[session_id] = chosen
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > self._max_sessions:
+            old_id, old = self._sessions.popitem(last=False)
+            old.sessions.discard(old_id)
+        return chosen
+
+    def _record_move(self, session_id: str, old: _Replica, new: _Replica) -> None:
+        self._counts["moves"] += 1
+        self.moves.append(
+            SessionMove(
+                session_id=session_id,
+                from_replica=old.name,
+                to_replica=new.name,
+                reason=old.last_error or "replica down",
+                at=time.time(),
+            )
+        )
+        del self.moves[: -self._max_moves_logged]
+
+    def _mark_down(self, replica: _Replica, reason: str) -> None:
+        replica.failures += 1
+        replica.last_error = reason
+        replica.up = False
+
+    def _none_left_message(self) -> str:
+        detail = "; ".join(f"{r.name}: {r.last_error or 'down'}" for r in self._replicas)
+        return f"no engine replica is up ({detail}); check the engines' logs and health"

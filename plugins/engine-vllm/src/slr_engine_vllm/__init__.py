@@ -1,0 +1,16 @@
+"""slr-engine-vllm: vLLM servers as inference engines (plugin ``vllm``).
+
+Launches ``vllm serve`` processes (or attaches to running servers) and speaks vLLM's
+OpenAI-compatible completions API with prompt token ids in and sampled token ids plus
+log-probs out. Several servers are combined behind ``slr.balancer.LoadBalancer``.
+"""
+
+import slr
+from slr_engine_vllm.config import VllmEngineConfig
+
+__all__ = ["VllmEngineConfig"]
+
+
+@slr.hookimpl
+def register_engines(register):
+    register("vllm", "slr_engine_vllm.engine:create_engine", config_cls=VllmEngineConfig)

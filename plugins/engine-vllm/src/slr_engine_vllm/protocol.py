@@ -1,0 +1,142 @@
+"""vLLM's token-in / token-out wire format: building requests, reading responses.
+
+The request is an OpenAI-style ``POST /v1/completions`` whose ``prompt`` is a list of
+token ids (vLLM accepts ids there and skips tokenization), plus vLLM's extensions:
+``top_k``, ``seed``, ``stop_token_ids``, ``return_tokens_as_token_ids`` (log-prob entries
+name tokens as ``"token_id:<id>"``, exact even for ids that do not round-trip through
+text), ``return_token_ids`` (newer servers also list the sampled ids), and
+``skip_special_tokens`` / ``include_stop_str_in_output`` so nothing the model generated is
+hidden. ``logprobs: 1`` makes the server report each sampled token's log-prob.
+
+The server must run with ``--logprobs-mode processed_logprobs``: the log-prob of the
+sampled token after temperature scaling (vLLM's default, ``raw_logprobs``, ignores the
+temperature). Without top-k / top-p that is exactly ``log_softmax(logits / T)``, the
+trainer's definition; with them vLLM renormalizes over the kept tokens, so they are
+refused unless the engine is configured to allow it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from slr.contracts import ContextOverflow, Generation, SamplingParams
+
+_TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+_CONTEXT = re.compile(r"maximum (?:context|model) length is (\d+)", re.IGNORECASE)
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class ProtocolError(RuntimeError):
+    """The server answered with something that is not a vLLM completion response."""
+
+
+def completion_request(
+    prompt_ids: Sequence[int],
+    sampling: SamplingParams,
+    *,
+    model: str,
+    allow_truncated_logprobs: bool = False,
+    return_routed_experts: bool = False,
+) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/completions`` for one generation."""
+    if not allow_truncated_logprobs and (sampling.top_k or sampling.top_p < 1.0):
+        raise ValueError(
+            f"top_k={sampling.top_k} / top_p={sampling.top_p}: vLLM would report log-probs "
+            f"renormalized over the kept tokens, not log_softmax(logits / temperature) as the "
+            f"trainer computes them. Use top_k=0 and top_p=1.0, or set the engine's "
+            f"allow_truncated_logprobs = true if you accept the mismatch."
+        )
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": [int(t) for t in prompt_ids],
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        # vLLM reads 0 and -1 as "no top-k"; -1 is accepted by every version
+        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+        "n": 1,
+        "stream": False,
+        "logprobs": 1,
+        "echo": False,
+        "return_tokens_as_token_ids": True,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "include_stop_str_in_output": True,
+    }
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    if return_routed_experts:
+        body["return_routed_experts"] = True
+    return body
+
+
+def parse_completion(data: Any, *, prompt_tokens: int, weights_version: int) -> Generation:
+    """A ``Generation`` from a completion response, or ``ProtocolError`` saying what's off."""
+    try:
+        choice = data["choices"][0]
+    except (KeyError, IndexError, TypeError):
+        raise ProtocolError(f"response has no choices: {_short(data)}") from None
+    logprobs = choice.get("logprobs") or {}
+    tokens = logprobs.get("tokens")
+    values = logprobs.get("token_logprobs")
+    if tokens is None or values is None:
+        raise ProtocolError(
+            "response has no per-token logprobs; the request asked for them (logprobs=1): "
+            f"{_short(choice)}"
+        )
+    ids = choice.get("token_ids")
+    if ids is None:
+        ids = []
+        for tok in tokens:
+            match = _TOKEN_ID.match(str(tok))
+            if match is None:
+                raise ProtocolError(
+                    f"token {tok!r} is not 'token_id:<id>'; the server ignored "
+                    f"return_tokens_as_token_ids (vLLM too old?)"
+                )
+            ids.append(int(match.group(1)))
+    if len(ids) != len(values):
+        raise ProtocolError(f"{len(ids)} token ids but {len(values)} logprobs in {_short(choice)}")
+    if any(v is None for v in values):
+        raise ProtocolError(f"a sampled token has no logprob: {values}")
+    reason = _FINISH.get(choice.get("finish_reason"))
+    if reason is None:
+        raise ProtocolError(f"unknown finish_reason {choice.get('finish_reason')!r}")
+    return Generation(
+        token_ids=[int(t) for t in ids],
+        logprobs=[float(v) for v in values],
+        finish_reason=reason,
+        routed_experts=choice.get("routed_experts"),
+        weights_version=weights_version,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def error_for(status: int, data: Any, *, prompt_tokens: int, max_context: int) -> Exception:
+    """The exception for a 4xx answer: ``ContextOverflow`` when the prompt was too long."""
+    message = _message(data)
+    match = _CONTEXT.search(message)
+    if match is not None:
+        return ContextOverflow(prompt_tokens, int(match.group(1)) or max_context)
+    return ValueError(f"vLLM rejected the request (HTTP {status}): {message}")
+
+
+def _message(data: Any) -> str:
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            return str(err.get("message", err))
+        return str(err)
+    return str(data)
+
+
+def _short(obj: Any, limit: int = 300) -> str:
+    text = repr(obj)
+    return text if len(text) <= limit else text[:limit] + "..."

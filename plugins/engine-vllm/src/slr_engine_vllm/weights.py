@@ -1,0 +1,142 @@
+"""Pushing new weights into a vLLM server with vLLM's weight-transfer API.
+
+vLLM (dev mode, ``VLLM_SERVER_DEV_MODE=1``, launched with ``--weight-transfer-config
+'{"backend": "nccl"}'``) serves a control plane over HTTP while the tensors travel over
+NCCL from the trainer (rank 0) to the server's workers (ranks 1..N):
+
+1. once: ``GET /get_world_size``, then ``POST /init_weight_transfer_engine`` with
+   ``{"init_info": {master_address, master_port, rank_offset: 1, world_size: N + 1}}``
+   while the trainer joins the same group (``NCCLWeightTransferEngine.trainer_init``);
+2. per update: ``POST /pause`` (in-flight requests finish, new ones wait), then
+   ``POST /update_weights`` with ``{"update_info": {names, dtype_names, shapes, packed}}``
+   while the trainer broadcasts the tensors (``trainer_send_weights``), then
+   ``POST /resume``.
+
+The NCCL side needs ``vllm`` and a GPU in the trainer process; it is imported only when a
+first update happens. ``Transport`` is the seam: tests drive the HTTP sequence with a
+stand-in transport, since neither vLLM nor NCCL can run without a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from slr.contracts import EngineUnavailable
+from slr.errors import UsageError
+
+if TYPE_CHECKING:
+    from slr_engine_vllm.engine import VllmEngine
+
+
+class Transport(Protocol):
+    """The data plane: join the group once, then send every update's tensors."""
+
+    def init(self, init_info: dict[str, Any]) -> None: ...
+
+    def send(self, state_dict: Mapping[str, Any]) -> None: ...
+
+
+class NcclTransport:
+    """The trainer side of vLLM's NCCL weight transfer (needs vllm + CUDA here)."""
+
+    def __init__(self) -> None:
+        self._group: Any = None
+
+    def init(self, init_info: dict[str, Any]) -> None:
+        engine = _nccl_engine()
+        self._group = engine.trainer_init(
+            {
+                "master_address": init_info["master_address"],
+                "master_port": init_info["master_port"],
+                "world_size": init_info["world_size"],
+            }
+        )
+
+    def send(self, state_dict: Mapping[str, Any]) -> None:
+        _nccl_engine().trainer_send_weights(
+            iter(state_dict.items()), {"group": self._group, "packed": True}
+        )
+
+
+def _nccl_engine() -> Any:
+    try:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+    except ImportError as exc:
+        raise UsageError(
+            "pushing weights to vLLM over NCCL needs vllm installed in the trainer process "
+            f"(and a GPU): {exc}"
+        ) from exc
+    return NCCLWeightTransferEngine
+
+
+def update_info(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """What the server needs to receive the broadcast: names, dtypes and shapes, in order."""
+    return {
+        "names": list(state_dict),
+        "dtype_names": [str(t.dtype).removeprefix("torch.") for t in state_dict.values()],
+        "shapes": [list(t.shape) for t in state_dict.values()],
+        "packed": True,
+    }
+
+
+class WeightSync:
+    """Runs the update sequence for one server."""
+
+    def __init__(
+        self,
+        engine: VllmEngine,
+        transport: Transport | None = None,
+        *,
+        trainer_address: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.transport = transport if transport is not None else NcclTransport()
+        self.trainer_address = trainer_address
+        self._initialized = False
+
+    async def _post(self, path: str, **kwargs: Any) -> Any:
+        url = f"{self.engine.url}{path}"
+        response = await self.engine.client.post(url, timeout=None, **kwargs)
+        if response.status_code >= 400:
+            raise EngineUnavailable(
+                f"{url} answered HTTP {response.status_code}: {response.text[:300]}. "
+                f"Weight updates need the server in dev mode (VLLM_SERVER_DEV_MODE=1) and "
+                f"launched with --weight-transfer-config"
+            )
+        return response.json() if response.content else None
+
+    async def _init(self) -> None:
+        response = await self.engine.client.get(f"{self.engine.url}/get_world_size", timeout=60)
+        response.raise_for_status()
+        server_world = int(response.json()["world_size"])
+        address = self.trainer_address or socket.gethostbyname(socket.gethostname())
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        init_info = {
+            "master_address": address,
+            "master_port": port,
+            "rank_offset": 1,
+            "world_size": server_world + 1,
+        }
+        # both sides must enter the rendezvous at once, or each waits for the other forever
+        await asyncio.gather(
+            self._post("/init_weight_transfer_engine", json={"init_info": init_info}),
+            asyncio.to_thread(self.transport.init, init_info),
+        )
+        self._initialized = True
+
+    async def push(self, state_dict: Mapping[str, Any], *, version: int) -> None:
+        if not self._initialized:
+            await self._init()
+        await self._post("/pause", params={"mode": "wait", "wait_for_inflight_requests": "true"})
+        try:
+            await asyncio.gather(
+                self._post("/update_weights", json={"update_info": update_info(state_dict)}),
+                asyncio.to_thread(self.transport.send, state_dict),
+            )
+        finally:
+            await self._post("/resume")

@@ -1,0 +1,206 @@
+"""The load balancer over real embedded engines (tiny models): sticky sessions, failover.
+
+Replicas are ``HfEngine`` instances serving a tiny random model, so every call runs real
+batched generation on the replica's own worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+from slr_engine_hf import tiny
+from slr_engine_hf.config import HfEngineConfig
+from slr_engine_hf.engine import HfEngine
+
+from slr.balancer import LoadBalancer
+from slr.contracts import ContextOverflow, Engine, EngineUnavailable, SamplingParams
+
+PROMPT = list(range(200, 220))
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    return tiny.tiny_model(seed=1)
+
+
+@pytest.fixture
+def replicas(tiny_pair) -> Iterator[list[HfEngine]]:
+    model, tok = tiny_pair
+    engines = [
+        HfEngine.from_model(copy.deepcopy(model), tok, HfEngineConfig(max_context=512))
+        for _ in range(2)
+    ]
+    yield engines
+    for engine in engines:
+        asyncio.run(engine.close())
+
+
+def _turns(n_sessions: int, n_turns: int, max_tokens: int = 6):
+    """Agent-like sessions: each turn's prompt extends the previous prompt + completion."""
+
+    async def session(lb: LoadBalancer, sid: str) -> list[str | None]:
+        prompt = list(PROMPT)
+        seen = []
+        for turn in range(n_turns):
+            gen = await lb.generate(
+                prompt, SamplingParams(max_tokens=max_tokens, seed=turn), session_id=sid
+            )
+            seen.append(lb.replica_of(sid))
+            prompt = [*prompt, *gen.token_ids, 300 + turn]
+        return seen
+
+    return session
+
+
+def test_is_an_engine(replicas):
+    lb = LoadBalancer(replicas)
+    assert isinstance(lb, Engine)
+    assert lb.max_context == 512
+    assert asyncio.run(lb.health()) is True
+
+
+def test_sessions_spread_and_stay_sticky(replicas):
+    lb = LoadBalancer(replicas, names=["a", "b"])
+    session = _turns(n_sessions=6, n_turns=3)
+
+    async def run():
+        return await asyncio.gather(*(session(lb, f"s{i}") for i in range(6)))
+
+    placements = asyncio.run(run())
+    for seen in placements:
+        assert len(set(seen)) == 1  # every call of a session on one replica
+    metrics = lb.metrics()
+    assert {seen[0] for seen in placements} == {"a", "b"}
+    assert metrics["replicas"]["a"]["sessions"] == metrics["replicas"]["b"]["sessions"] == 3
+    assert metrics["new_sessions"] == 6
+    assert metrics["sticky_hits"] == 12
+    assert metrics["moves"] == 0
+    # stickiness pays: each replica re-used the sessions' cached prefixes
+    for engine in replicas:
+        assert engine.stats()["prefix_cache_hits"] >= 6
+
+
+def test_killing_a_replica_mid_run_moves_its_sessions_and_nothing_hangs(replicas):
+    lb = LoadBalancer(replicas, names=["a", "b"])
+    victim = replicas[0]
+
+    async def run():
+        # long generations so replica "a" is busy when it dies
+        tasks = [
+            asyncio.create_task(
+                lb.generate(
+                    PROMPT,
+                    SamplingParams(max_tokens=400, seed=i, stop_token_ids=[]),
+                    session_id=f"k{i}",
+                )
+            )
+            for i in range(6)
+        ]
+        while victim.stats()["generated_tokens"] < 5:
+            await asyncio.sleep(0.005)
+        on_victim = {f"k{i}" for i in range(6) if lb.replica_of(f"k{i}") == "a"}
+        assert on_victim and lb.metrics()["replicas"]["a"]["in_flight"] > 0
+        await victim.close()
+        gens = await asyncio.wait_for(asyncio.gather(*tasks), timeout=300)
+        # the moved sessions keep working, now pinned to "b"
+        again = await asyncio.wait_for(
+            asyncio.gather(
+                *(
+                    lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id=s)
+                    for s in on_victim
+                )
+            ),
+            timeout=120,
+        )
+        return on_victim, gens, again
+
+    on_victim, gens, again = asyncio.run(run())
+    assert all(len(g.token_ids) >= 1 for g in [*gens, *again])
+    metrics = lb.metrics()
+    assert metrics["replicas"]["a"]["up"] is False
+    assert "EngineUnavailable" in metrics["replicas"]["a"]["last_error"]
+    assert metrics["moves"] == len(on_victim)
+    assert {m.session_id for m in lb.moves} == on_victim
+    assert all(m.from_replica == "a" and m.to_replica == "b" for m in lb.moves)
+    assert all(lb.replica_of(s) == "b" for s in on_victim)
+    assert metrics["replicas"]["a"]["in_flight"] == metrics["replicas"]["b"]["in_flight"] == 0
+
+
+def test_every_replica_down_raises_promptly(replicas):
+    lb = LoadBalancer(replicas)
+    for engine in replicas:
+        asyncio.run(engine.close())
+    with pytest.raises(EngineUnavailable, match="no engine replica is up"):
+        asyncio.run(asyncio.wait_for(lb.generate(PROMPT, SamplingParams()), timeout=30))
+    assert asyncio.run(lb.health()) is False
+
+
+def test_bad_requests_do_not_take_replicas_down(replicas):
+    lb = LoadBalancer(replicas)
+    with pytest.raises(ContextOverflow):
+        asyncio.run(lb.generate(list(range(600)), SamplingParams(), session_id="x"))
+    assert all(r["up"] for r in lb.metrics()["replicas"].values())
+
+
+def test_hung_replica_times_out_and_fails_over(replicas):
+    """A replica whose worker is stuck (here: blocked inside a weight update) gets no
+    more than ``call_timeout_s`` before the call moves on."""
+    release = threading.Event()
+
+    class BlockingState(dict):
+        def __iter__(self):
+            release.wait(120)
+            return super().__iter__()
+
+    lb = LoadBalancer(replicas, names=["a", "b"], call_timeout_s=3)
+
+    async def run():
+        await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id="h")
+        assert lb.replica_of("h") == "a"  # ties go to the first replica
+        stuck = asyncio.create_task(replicas[0].update_weights(BlockingState()))
+        gen = await asyncio.wait_for(
+            lb.generate(PROMPT, SamplingParams(max_tokens=3), session_id="h"), timeout=60
+        )
+        release.set()
+        await stuck
+        return gen
+
+    gen = asyncio.run(run())
+    assert len(gen.token_ids) == 3
+    assert lb.replica_of("h") == "b"
+    assert [(m.session_id, m.from_replica, m.to_replica) for m in lb.moves] == [("h", "a", "b")]
+    assert "no answer within 3" in lb.metrics()["replicas"]["a"]["last_error"]
+    # once healthy again it is marked up by a health check
+    assert asyncio.run(lb.check_health()) == {"a": True, "b": True}
+
+
+def test_update_weights_reaches_every_replica(replicas, tiny_pair):
+    lb = LoadBalancer(replicas)
+    state = {k: v + 0.01 for k, v in tiny_pair[0].state_dict().items()}
+    version = asyncio.run(lb.update_weights(state, version=7))
+    assert version == 7 and lb.weights_version == 7
+    for engine in replicas:
+        assert engine.weights_version == 7
+        name = next(iter(state))
+        assert torch.equal(engine.model.state_dict()[name], state[name])
+    gen = asyncio.run(lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id="v"))
+    assert gen.weights_version == 7
+
+
+def test_calls_without_a_session_are_spread_not_pinned(replicas):
+    lb = LoadBalancer(replicas)
+
+    async def run():
+        return await asyncio.gather(
+            *(lb.generate(PROMPT, SamplingParams(max_tokens=20, seed=i)) for i in range(4))
+        )
+
+    asyncio.run(run())
+    metrics = lb.metrics()
+    assert metrics["new_sessions"] == 0 and metrics["sticky_hits"] == 0
+    assert all(r["requests"] == 2 for r in metrics["replicas"].values())
