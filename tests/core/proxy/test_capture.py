@@ -43,7 +43,7 @@ def plain_proxy(smol_tokenizer):
     decoding and one full forward pass were seen to differ by up to ~2e-4 in a log-prob
     (engine numerics, not capture). Re-scoring is checked here and on SmolLM2.
     """
-    from conftest import RecordingEngine
+    from proxy_support import RecordingEngine
     from slr_engine_hf.engine import HfEngine
     from slr_engine_hf.tiny import tiny_model
 
