@@ -150,3 +150,18 @@ def test_reference_page_is_current():
     assert page.read_text() == render_reference(), (
         "docs/reference/config.md is stale: run `slr config reference > docs/reference/config.md`"
     )
+
+
+def test_only_plugins_validates_just_the_sections_a_command_needs():
+    manager = PluginManager(load_entry_points=False)
+    manager.register_plugin(Defaults(), name="defaults", distribution="slr-defaults")
+    cfg = load_config(
+        plugins=manager,
+        choose={"agent": "not-installed"},
+        sets=["engine.max_batch=3"],
+        only_plugins=("engine",),
+    )
+    assert cfg.agent.name == "not-installed"
+    assert cfg.engine.options == EngineOpts(max_batch=3)
+    with pytest.raises(ConfigError, match="max_batch"):
+        load_config(plugins=manager, sets=["engine.max_batch=0"], only_plugins=("engine",))

@@ -39,7 +39,9 @@ def config_options(fn):
     return fn
 
 
-def resolve_config(config_path, agent, backend, engine, optimizer, verifier, sets) -> Config:
+def resolve_config(
+    config_path, agent, backend, engine, optimizer, verifier, sets, *, only_plugins=None
+) -> Config:
     return load_config(
         config_path,
         plugins=get_plugin_manager(),
@@ -51,4 +53,5 @@ def resolve_config(config_path, agent, backend, engine, optimizer, verifier, set
             "verifier": verifier,
         },
         sets=sets,
+        only_plugins=only_plugins,
     )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from slr.errors import SlrError
+from slr.errors import SlrError, UsageError
 from slr_cli.options import config_options, resolve_config
 
 
@@ -29,7 +29,15 @@ def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume) 
     The config is resolved and validated first (see `slr config show`); an unknown plugin or
     key stops the run before anything starts.
     """
-    cfg = resolve_config(config_path, agent, backend, engine, optimizer, verifier, sets)
+    if resume is not None:
+        if config_path or sets or any((agent, backend, engine, optimizer, verifier)):
+            raise UsageError(
+                "--resume continues a run with the config saved in its run directory; "
+                "drop -c/--set/--agent/... (edit RUN/config.toml to change it)"
+            )
+        cfg = None
+    else:
+        cfg = resolve_config(config_path, agent, backend, engine, optimizer, verifier, sets)
     try:
         from slr.loop import train  # the synchronous loop (rollout, update, sync)
     except ImportError:

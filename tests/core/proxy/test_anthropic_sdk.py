@@ -8,7 +8,7 @@ import json
 import anthropic
 import httpx
 import pytest
-from conftest import ANTHROPIC_TOOLS, FINAL_TEXT, SYSTEM, TASK, TOOL_RESULT
+from proxy_support import ANTHROPIC_TOOLS, FINAL_TEXT, SYSTEM, TASK, TOOL_RESULT
 
 pytestmark = pytest.mark.slow
 

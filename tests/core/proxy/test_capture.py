@@ -43,13 +43,15 @@ def plain_proxy(smol_tokenizer):
     decoding and one full forward pass were seen to differ by up to ~2e-4 in a log-prob
     (engine numerics, not capture). Re-scoring is checked here and on SmolLM2.
     """
-    from conftest import RecordingEngine
+    from proxy_support import RecordingEngine
     from slr_engine_hf.engine import HfEngine
     from slr_engine_hf.tiny import tiny_model
 
     model, tok = tiny_model(tok=smol_tokenizer, seed=1)
     engine = RecordingEngine(HfEngine.from_model(model, tok))
-    proxy = Proxy(engine, ProxySection(), sampling=SamplingParams(max_tokens=16))
+    proxy = Proxy(
+        engine, ProxySection(client_sampling="honor"), sampling=SamplingParams(max_tokens=16)
+    )
     with ProxyThread(proxy):
         yield proxy
     asyncio.run(engine.close())
@@ -190,7 +192,9 @@ def smol_engine():
 
 
 def test_smollm2_multi_turn_rescoring_through_anthropic(smol_engine):
-    proxy = Proxy(smol_engine, ProxySection(), sampling=SamplingParams(max_tokens=12))
+    proxy = Proxy(
+        smol_engine, ProxySection(client_sampling="honor"), sampling=SamplingParams(max_tokens=12)
+    )
     with ProxyThread(proxy):
         session = proxy.open_session("smollm2")
         a = anthropic.Anthropic(base_url=session.anthropic_base_url, api_key="k", max_retries=0)

@@ -8,7 +8,7 @@ import json
 import httpx
 import openai
 import pytest
-from conftest import FINAL_TEXT, OPENAI_TOOLS, SYSTEM, TASK, TOOL_RESULT
+from proxy_support import FINAL_TEXT, OPENAI_TOOLS, SYSTEM, TASK, TOOL_RESULT
 
 pytestmark = pytest.mark.slow
 

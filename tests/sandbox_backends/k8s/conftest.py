@@ -8,6 +8,7 @@ A missing cluster fails these tests; it never skips them.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from slr_backend_k8s.forward import local_address_towards
 @pytest.fixture(scope="session")
 def kubeconfig() -> str:
     """The cluster's kubeconfig; fails (not skips) when there is no reachable cluster."""
+    _wait_for_background_cluster()
     path = os.environ.get("KUBECONFIG")
     if not path or not Path(path).is_file():
         pytest.fail(
@@ -52,6 +54,29 @@ def kubeconfig() -> str:
     finally:
         api.close()
     return path
+
+
+def _wait_for_background_cluster() -> None:
+    """CI starts the cluster in the background (its first start builds Kubernetes) while the
+    other tests run; ``SLR_K8S_STATUS_FILE`` appears with scripts/k8s-up's exit code when it
+    is done, and ``SLR_K8S_ENV_FILE`` holds the exports it printed."""
+    status = os.environ.get("SLR_K8S_STATUS_FILE")
+    if not status:
+        return
+    wait_s = float(os.environ.get("SLR_K8S_WAIT_S", "2400"))
+    deadline = time.monotonic() + wait_s
+    while not Path(status).exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the cluster was not up after {wait_s:.0f} s", pytrace=False)
+        time.sleep(2)  # waiting on another process's file, not synchronising tests
+    code = Path(status).read_text().strip()
+    if code != "0":
+        log = os.environ.get("SLR_K8S_UP_LOG", "")
+        tail = Path(log).read_text()[-3000:] if log and Path(log).exists() else ""
+        pytest.fail(f"scripts/k8s-up failed (exit {code}):\n{tail}", pytrace=False)
+    for line in Path(os.environ["SLR_K8S_ENV_FILE"]).read_text().splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        os.environ[key.strip()] = value.strip()
 
 
 def _wait_for_default_service_account(core) -> None:

@@ -121,6 +121,12 @@ class ProxySection:
     max_body_bytes: int = option(
         8 * 1024 * 1024, doc="Largest request body accepted.", validator=validators.ge(1024)
     )
+    client_sampling: Literal["ignore", "honor"] = option(
+        "ignore",
+        doc="What to do with the temperature / top_p / top_k an agent sends. 'ignore': sample "
+        "with [rollout]'s values, so the behaviour log-probs are taken at the temperature the "
+        "trainer scores with (training needs this). 'honor': use the agent's values (serving).",
+    )
     model_names: list[str] = option(
         factory=lambda: ["policy"],
         doc="Model names the proxy answers to (what agents pass as `model`); a request for "
@@ -192,8 +198,13 @@ def load_config(
     choose: dict[str, str | None] | None = None,
     sets: list[str] | tuple[str, ...] = (),
     data: dict[str, Any] | None = None,
+    only_plugins: tuple[str, ...] | None = None,
 ) -> Config:
-    """Read, override and validate a run config. Fails before anything starts, by name."""
+    """Read, override and validate a run config. Fails before anything starts, by name.
+
+    ``only_plugins`` names the plugin sections a command needs (``slr serve`` needs only
+    ``engine``); the others keep their names but are not looked up or validated.
+    """
     if data is None:
         data = {}
         if path is not None:
@@ -229,6 +240,9 @@ def load_config(
         name = raw.pop("name", DEFAULT_PLUGINS[section])
         if not isinstance(name, str):
             raise ConfigError(f"{section}.name = {name!r} is not valid: expected a plugin name")
+        if only_plugins is not None and section not in only_plugins:
+            choices[section] = PluginChoice(name=name, options=raw or None)
+            continue
         registration = plugins.get(kind, name)
         if registration.config_cls is None:
             if raw:

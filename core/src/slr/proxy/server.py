@@ -104,7 +104,13 @@ class Proxy:
         self.config = config or ProxySection()
         parser = get_tool_parser(self.config.tool_parser)
         self.renderer = Renderer(engine.tokenizer, parser)
-        self.completer = Completer(engine, self.renderer, parser, sampling or SamplingParams())
+        self.completer = Completer(
+            engine,
+            self.renderer,
+            parser,
+            sampling or SamplingParams(),
+            honor_client_sampling=self.config.client_sampling == "honor",
+        )
         self.model_names = tuple(model_names or self.config.model_names)
         self.sessions: dict[str, SessionState] = {}
         self.app = build_app(self)

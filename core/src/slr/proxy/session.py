@@ -80,12 +80,19 @@ class Completer:
     """Render, generate, parse and record one call. Shared by the OpenAI and Anthropic routes."""
 
     def __init__(
-        self, engine: Engine, renderer: Renderer, parser: ToolParser, defaults: SamplingParams
+        self,
+        engine: Engine,
+        renderer: Renderer,
+        parser: ToolParser,
+        defaults: SamplingParams,
+        *,
+        honor_client_sampling: bool = True,
     ) -> None:
         self.engine = engine
         self.renderer = renderer
         self.parser = parser
         self.defaults = defaults
+        self.honor_client_sampling = honor_client_sampling
 
     def count(self, state: SessionState, messages: Sequence[Message], tools: Sequence[Tool]) -> int:
         return len(state.accumulator.prepare(messages, tools).prompt_ids)
@@ -101,10 +108,15 @@ class Completer:
             if room < 1:
                 raise self._overflow(state, n_prompt)
             d = self.defaults
+            # In training the agent's sampling choices are ignored: the trainer scores tokens
+            # at [rollout] temperature, so the engine must sample at exactly that one.
+            honor = self.honor_client_sampling
             sampling = SamplingParams(
-                temperature=d.temperature if req.temperature is None else req.temperature,
-                top_p=d.top_p if req.top_p is None else req.top_p,
-                top_k=d.top_k if req.top_k is None else req.top_k,
+                temperature=req.temperature
+                if honor and req.temperature is not None
+                else d.temperature,
+                top_p=req.top_p if honor and req.top_p is not None else d.top_p,
+                top_k=req.top_k if honor and req.top_k is not None else d.top_k,
                 max_tokens=max(1, min(req.max_tokens or d.max_tokens, d.max_tokens, room)),
                 stop=req.stop,
                 stop_token_ids=tuple(sorted(self.renderer.stop_token_ids)),

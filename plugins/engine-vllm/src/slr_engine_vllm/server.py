@@ -152,4 +152,30 @@ class VllmServer:
                 except ProcessLookupError:
                     pass
                 self.process.wait(10)
+            # Workers that outlive the leader (or ignore SIGTERM) go with the group.
+            pgid = self.process.pid
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _wait_group_gone(pgid, timeout_s=10.0)
         self._log.close()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``, read from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _wait_group_gone(pgid: int, *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.02)  # SIGKILL was sent; this waits for the kernel to carry it out

@@ -1,0 +1,91 @@
+"""``slr serve``: the proxy and an engine as a standalone server, for people and batch jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import click
+
+from slr.config import PLUGIN_SECTIONS
+from slr.contracts import SamplingParams, TerminationReason, TrialResult
+from slr.plugins import get_plugin_manager
+from slr.proxy import Proxy
+from slr.runs import RunDir
+from slr_cli.options import config_options, resolve_config
+
+
+@click.command()
+@config_options
+@click.option("--port", type=int, default=None, help="Port to listen on (default: [proxy] port).")
+@click.option(
+    "--sessions", type=click.IntRange(1), default=1, show_default=True, help="Sessions to open."
+)
+def serve(config_path, agent, backend, engine, optimizer, verifier, sets, port, sessions) -> None:
+    """Serve the policy through the proxy until interrupted.
+
+    Prints each session's OpenAI and Anthropic base URLs (the session token also works as
+    the API key), so you can point any scaffold at the policy by hand, debug an adapter, or
+    run batch inference. The agent's own sampling settings are honoured. On Ctrl-C every
+    session's trajectory is written to a run directory (trials/<session>.json plus a
+    readable trials/<session>/proxy.json).
+
+    \b
+    Examples:
+      slr serve --engine hf --set engine.model=path/to/model --port 8000
+      OPENAI_BASE_URL=<printed url> OPENAI_API_KEY=<token> my-agent ...
+    """
+    sets = (
+        *sets,
+        "proxy.client_sampling=honor",
+        *(() if port is None else (f"proxy.port={port}",)),
+    )
+    cfg = resolve_config(
+        config_path, agent, backend, engine, optimizer, verifier, sets, only_plugins=("engine",)
+    )
+    asyncio.run(_serve(cfg, sessions))
+
+
+async def _serve(cfg, n_sessions: int) -> None:
+    reg = get_plugin_manager().get(PLUGIN_SECTIONS["engine"], cfg.engine.name)
+    engine = reg.create(cfg.engine.options)
+    sampling = SamplingParams(
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        max_tokens=cfg.rollout.max_tokens,
+    )
+    run = RunDir.create(cfg.run.runs_dir, f"serve-{cfg.run.name}", cfg.to_toml())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with Proxy(engine, cfg.proxy, sampling=sampling) as proxy:
+            opened = [proxy.open_session(f"session-{i}") for i in range(n_sessions)]
+            model = proxy.model_names[0] if proxy.model_names else "policy"
+            click.echo(f"serving {cfg.engine.name} as model {model!r}; run directory {run.path}")
+            for s in opened:
+                click.echo(f"session {s.trial_id}: token {s.token}")
+                click.echo(f"  openai    {s.openai_base_url}")
+                click.echo(f"  anthropic {s.anthropic_base_url}")
+            click.echo("Ctrl-C to stop and write the trajectories.", nl=True)
+            await stop.wait()
+            for s in opened:
+                trajectory = proxy.close_session(s)
+                proxy.write_transcript(s, run.path / "trials")
+                termination = s.termination or TerminationReason.COMPLETED
+                # served sessions are not scored: no reward
+                run.write_trial(
+                    TrialResult(
+                        trial_id=s.trial_id,
+                        task_id="serve",
+                        termination=termination,
+                        trajectory=trajectory,
+                        weights_version=engine.weights_version,
+                    )
+                )
+    finally:
+        run.append_event("finished", status="stopped")
+        run.close()
+        await engine.close()
+    click.echo(f"trajectories written to {run.path / 'trials'}")

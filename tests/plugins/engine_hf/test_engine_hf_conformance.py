@@ -1,0 +1,12 @@
+"""The embedded engine passes the engine conformance suite, on the real SmolLM2."""
+
+import pytest
+
+from slr.testing import EngineTests
+
+
+@pytest.mark.slow
+class TestHfEngineConformance(EngineTests):
+    @pytest.fixture
+    def engine(self, smollm2):
+        return smollm2
