@@ -26,6 +26,7 @@ import asyncio
 import json
 import random
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,8 @@ from typing import Any
 
 import attrs
 import structlog
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from slr import log as slr_log
 from slr.config import PLUGIN_SECTIONS, Config, load_config
@@ -106,6 +109,7 @@ class Loop:
             raise UsageError(f"no tasks found under tasks.path = {str(config.tasks.path)!r}")
         self.parts = build_components(config, plugins)
         self.start_step = 1
+        self._bar: tuple[Progress, Any] | None = None
 
     # -- resume -------------------------------------------------------------------------
 
@@ -156,7 +160,16 @@ class Loop:
                 tid = trial_id(step, task, k, slot)
                 if tid not in recorded:
                     jobs.append(self._job(task, tid, group, step, sessions))
-        results += await run_trials(jobs, concurrency=cfg.rollout.concurrency)
+        with Progress(
+            TextColumn(f"step {step}/{cfg.run.steps} rollout"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            disable=not sys.stderr.isatty(),
+        ) as progress:
+            self._bar = (progress, progress.add_task("trials", total=len(jobs)))
+            results += await run_trials(jobs, concurrency=cfg.rollout.concurrency)
         return results
 
     def _job(self, task: Task, tid: str, group: str, step: int, sessions: ProxySessions):
@@ -175,6 +188,14 @@ class Loop:
             )
             result = attrs.evolve(result, weights_version=self.parts.engine.weights_version)
             self.run.write_trial(result)
+            progress, bar = self._bar
+            progress.advance(bar)
+            log.info(
+                "trial done",
+                trial_id=tid,
+                termination=result.termination.value,
+                reward=None if result.reward is None else result.reward.value,
+            )
             _emit(self.plugins, "on_trial_finished", run_dir=self.run, trial=result)
             return result
 
