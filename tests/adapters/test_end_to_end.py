@@ -88,7 +88,10 @@ NOT_YET_LEARNED = {"opencode", "openhands", "terminus", "mini-swe-agent"}
     params=[
         pytest.param(
             name,
-            marks=pytest.mark.xfail(reason="the tiny taught policy garbles this action yet"),
+            # not run: teaching each policy costs minutes of CI for a known 0
+            marks=pytest.mark.xfail(
+                run=False, reason="the tiny taught policy garbles this action yet"
+            ),
         )
         if name in NOT_YET_LEARNED
         else name
