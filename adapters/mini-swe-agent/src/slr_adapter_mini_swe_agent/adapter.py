@@ -4,6 +4,7 @@ the session's OpenAI endpoint."""
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Literal
 
 from attrs import frozen, validators
@@ -12,6 +13,7 @@ from slr import bundles
 from slr.bundle_recipes import python_bin, python_env, python_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.errors import UsageError
 from slr.headless import AGENT_DIR, PYTHON_CRASH, bundle_root, openai_base_url, run_headless
 
 # mini's own configs: actions as fenced bash blocks in the text, or as `bash` tool calls.
@@ -19,6 +21,21 @@ _CONFIGS = {
     "textbased": ("mini_textbased.yaml", "litellm_textbased"),
     "tool_calls": ("mini.yaml", "litellm"),
 }
+
+
+_USER_CONFIG = "mini/config.yaml"
+
+
+def _read_config(path: str) -> str | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(
+            f"agent.config_file = {path!r} cannot be read ({exc.strerror}); give the path of "
+            f"a mini-swe-agent YAML config, relative to the directory slr runs in"
+        ) from None
 
 
 @frozen(kw_only=True)
@@ -34,6 +51,12 @@ class MiniSweAgentConfig:
         doc="Most model calls per trial (agent.step_limit; 0: no limit).",
         validator=validators.ge(0),
     )
+    config_file: str = option(
+        "",
+        doc="A mini-swe-agent YAML config (a path on the host) merged over the built-in one "
+        "that `action_format` picks, e.g. a shorter system / instance template or another "
+        "`model.action_regex`. Relative paths are read from the current directory.",
+    )
     python: str = option("3.12", doc="Python version of the bundle's interpreter.")
     config_overrides: list[str] = option(
         factory=list, doc="More `-c key=value` overrides for mini, e.g. 'agent.cost_limit=0'."
@@ -48,6 +71,7 @@ class MiniSweAgent:
 
     def __init__(self, config: MiniSweAgentConfig | None = None) -> None:
         self.config = config or MiniSweAgentConfig()
+        self.config_text = _read_config(self.config.config_file)
 
     def bundle(self) -> Bundle:
         c = self.config
@@ -72,6 +96,8 @@ class MiniSweAgent:
         ]
         # mini's own CLI, run as a module: console scripts would name the build folder
         argv = [python_bin(root, c.python), "-m", "minisweagent.run.mini", "-c", config_file]
+        if self.config_text is not None:
+            argv += ["-c", f"{AGENT_DIR}/{_USER_CONFIG}"]
         for o in overrides:
             argv += ["-c", o]
         argv += [
@@ -102,6 +128,9 @@ class MiniSweAgent:
     ) -> AgentOutcome:
         bundle = self.bundle()
         command, env = self.command(await bundle_root(sandbox, bundle), endpoint)
+        files = {"instruction.md": instruction}
+        if self.config_text is not None:
+            files[_USER_CONFIG] = self.config_text
         return await run_headless(
             sandbox,
             command=command,
@@ -109,6 +138,6 @@ class MiniSweAgent:
             timeout_s=timeout_s,
             bundle=bundle,
             crash_markers=[PYTHON_CRASH],
-            files={"instruction.md": instruction},
+            files=files,
             logs_from=[f"{AGENT_DIR}/mini/trajectory.json"],
         )

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+echo star >> /app/music.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+cp /app/list.txt /app/fish.txt

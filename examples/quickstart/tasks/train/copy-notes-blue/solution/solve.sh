@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+cp /app/notes.txt /app/blue.txt

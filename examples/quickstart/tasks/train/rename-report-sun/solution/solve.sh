@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+mv /app/report.txt /app/sun.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+mv /app/todo.txt /app/moon.txt
