@@ -294,9 +294,11 @@ class Evaluation:
                 "backend": cfg.backend.name,
                 "engine": cfg.engine.name if self.engine is not None else None,
                 "model": engine_model(cfg) if self.engine is not None else None,
-                "checkpoint": None if ckpt is None else str(ckpt.path),
+                "checkpoint": None if ckpt is None else str(ckpt.path.resolve()),
                 "checkpoint_step": None if ckpt is None else ckpt.step,
-                "checkpoint_run": None if ckpt is None or ckpt.run is None else str(ckpt.run),
+                "checkpoint_run": None
+                if ckpt is None or ckpt.run is None
+                else str(ckpt.run.resolve()),
                 "weights_version": self.weights_version,
                 "tasks_path": str(cfg.tasks.path),
                 "samples_per_task": self.samples,
