@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from slr.errors import UsageError
 from slr.runs import RunDir
 from slr_cli.options import config_options, resolve_config
 
@@ -59,6 +60,11 @@ def _run_config(checkpoint: Path) -> Path | None:
     help="Record the eval in exactly this (new) folder.",
 )
 @click.option("--name", help="Name of the eval run under run.runs_dir (default eval-<run.name>).")
+@click.option(
+    "--resume",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Finish an interrupted eval (its run folder): only trials without a record run.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print eval.json, not a table.")
 def eval_(
     config_path,
@@ -74,6 +80,7 @@ def eval_(
     threshold,
     output,
     name,
+    resume,
     as_json,
 ) -> None:
     """Evaluate a policy on tasks without training: k trials per task, pass@1..k.
@@ -101,6 +108,34 @@ def eval_(
     config.toml, trials/ with trajectories and transcripts, events.jsonl, and eval.json,
     the summary.
     """
+    from slr.evaluation import Evaluation
+
+    if resume is not None:
+        given = (
+            config_path,
+            agent,
+            backend,
+            engine,
+            verifier,
+            tasks_path,
+            checkpoint,
+            output,
+            name,
+        )
+        if (
+            sets
+            or concurrency
+            or samples != 1
+            or threshold != 1.0
+            or any(v is not None for v in given)
+        ):
+            raise UsageError(
+                "--resume finishes an eval with the settings saved in its folder; drop the "
+                "other options (start a new eval to change them)"
+            )
+        evaluation = Evaluation.resume(resume)
+        _report(evaluation, evaluation.main(), as_json)
+        return
     if checkpoint is not None and config_path is None:
         config_path = _run_config(checkpoint)
         if config_path is not None:
@@ -120,12 +155,13 @@ def eval_(
         sets,
         only_plugins=("agent", "backend", "engine", "verifier"),
     )
-    from slr.evaluation import Evaluation
-
     evaluation = Evaluation(
         cfg, samples=samples, checkpoint=checkpoint, output=output, name=name, threshold=threshold
     )
-    summary = evaluation.main()
+    _report(evaluation, evaluation.main(), as_json)
+
+
+def _report(evaluation, summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
     else:
@@ -179,5 +215,7 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
     console = Console()
     console.print(table)
     passes = "  ".join(f"pass@{j}={_pct(v)}" for j, v in summary["pass_at"].items())
-    console.print(f"{passes}  weights version {summary['weights_version']}")
+    if summary["engine"] is not None:
+        passes += f"  weights version {summary['weights_version']}"
+    console.print(passes)
     click.echo(f"recorded in {path} ({path / 'eval.json'})")

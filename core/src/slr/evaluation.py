@@ -27,7 +27,7 @@ import structlog
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from slr.config import Config
+from slr.config import Config, load_config
 from slr.contracts import SamplingParams, TrialResult
 from slr.errors import UsageError
 from slr.loop import build_plugin
@@ -152,6 +152,7 @@ class Evaluation:
         name: str | None = None,
         threshold: float = 1.0,
         plugins: PluginManager | None = None,
+        resume: RunDir | None = None,
     ) -> None:
         if samples < 1:
             raise UsageError(f"-k/--samples must be at least 1, got {samples}")
@@ -175,8 +176,35 @@ class Evaluation:
         self.engine = build_plugin(config, self.plugins, "engine") if self.needs_model else None
         self.backend = build_plugin(config, self.plugins, "backend")
         self.verifier = build_plugin(config, self.plugins, "verifier")
-        self.run = create_run_dir(config, output=output, name=name)
+        self.run = resume or create_run_dir(config, output=output, name=name)
+        self.recorded = {t.trial_id: t for t in self.run.trials()} if resume else {}
         self._advance = lambda: None
+
+    @classmethod
+    def resume(cls, path: Path, *, plugins: PluginManager | None = None) -> Evaluation:
+        """Continue an interrupted eval: run only the trials that have no record yet."""
+        run = RunDir.open(path)
+        started = [e for e in run.events() if e["event"] == "started" and e.get("kind") == "eval"]
+        if not started:
+            raise UsageError(
+                f"{str(path)!r} is not an eval run (its events.jsonl has no eval 'started' "
+                f"event); resume a training run with `slr run --resume`"
+            )
+        first = started[0]
+        plugins = plugins or get_plugin_manager()
+        config = load_config(
+            run.path / RunDir.CONFIG,
+            plugins=plugins,
+            only_plugins=("agent", "backend", "engine", "verifier"),
+        )
+        return cls(
+            config,
+            samples=int(first["samples"]),
+            checkpoint=first.get("checkpoint"),
+            threshold=float(first.get("threshold", 1.0)),
+            plugins=plugins,
+            resume=run,
+        )
 
     @property
     def weights_version(self) -> int | None:
@@ -189,11 +217,14 @@ class Evaluation:
 
     def main(self) -> dict[str, Any]:
         """Run every trial, write ``eval.json`` and return it."""
+        if self.recorded:
+            self.run.append_event("resumed", recorded=len(self.recorded))
         self.run.append_event(
             "started",
             kind="eval",
             samples=self.samples,
-            checkpoint=None if self.checkpoint is None else str(self.checkpoint.path),
+            threshold=self.threshold,
+            checkpoint=None if self.checkpoint is None else str(self.checkpoint.path.resolve()),
         )
         t0 = time.monotonic()
         status = "failed"
@@ -232,11 +263,9 @@ class Evaluation:
                 await self.engine.close()
 
     async def _trials(self, sessions: Any) -> list[TrialResult]:
-        jobs = [
-            self._job(task, f"{task.id}-{i}", sessions)
-            for task in self.tasks
-            for i in range(self.samples)
-        ]
+        # trial ids are deterministic, so a resumed eval runs only what has no record
+        ids = [(task, f"{task.id}-{i}") for task in self.tasks for i in range(self.samples)]
+        jobs = [self._job(t, tid, sessions) for t, tid in ids if tid not in self.recorded]
         with Progress(
             TextColumn("eval"),
             BarColumn(),
@@ -247,7 +276,8 @@ class Evaluation:
         ) as progress:
             bar = progress.add_task("trials", total=len(jobs))
             self._advance = lambda: progress.advance(bar)
-            return await run_trials(jobs, concurrency=self.config.rollout.concurrency)
+            done = await run_trials(jobs, concurrency=self.config.rollout.concurrency)
+        return [*self.recorded.values(), *done]
 
     def _job(self, task: Task, tid: str, sessions: Any):
         async def job() -> TrialResult:

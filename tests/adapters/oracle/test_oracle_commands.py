@@ -119,3 +119,29 @@ def test_eval_refuses_a_checkpoint_for_an_agent_that_calls_no_model(tmp_path):
     )
     assert res.returncode == 2, res.stderr
     assert "calls no model, so --checkpoint has nothing to serve" in res.stderr
+
+
+def test_an_interrupted_eval_resumes_running_only_the_missing_trials(tmp_path):
+    out = tmp_path / "ev"
+    args = ["--agent", "oracle", "--tasks", str(EXAMPLES / "hello-world"), "-k", "3"]
+    first = slr("eval", *args, *eval_opts(tmp_path), "--output", str(out), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    kept = {p.name: p.read_bytes() for p in (out / "trials").glob("*.json")}
+    assert sorted(kept) == ["hello-world-0.json", "hello-world-1.json", "hello-world-2.json"]
+    # as if killed after two trials: one record and the summary are missing
+    (out / "trials" / "hello-world-1.json").unlink()
+    (out / "eval.json").unlink()
+    del kept["hello-world-1.json"]
+    res = slr("eval", "--resume", str(out), "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["trials"] == 3 and summary["pass_at"] == {"1": 1.0, "2": 1.0, "3": 1.0}
+    after = {p.name: p.read_bytes() for p in (out / "trials").glob("*.json")}
+    assert {k: after[k] for k in kept} == kept and "hello-world-1.json" in after
+    events = [
+        e["event"]
+        for e in json.loads("[" + ",".join((out / "events.jsonl").read_text().splitlines()) + "]")
+    ]
+    assert events == ["started", "finished", "resumed", "started", "finished"]
+    refused = slr("eval", "--resume", str(out), "-k", "5", cwd=tmp_path)
+    assert refused.returncode == 2 and "--resume finishes an eval" in refused.stderr
