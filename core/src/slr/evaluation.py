@@ -123,17 +123,22 @@ def engine_model(config: Config) -> str | None:
     return None if config.engine.options is None else getattr(config.engine.options, "model", None)
 
 
+def check_output(output: Path | None) -> None:
+    if output is not None and output.exists() and any(output.iterdir()):
+        raise UsageError(
+            f"--output {str(output)!r} exists and is not empty; pick a new folder, drop "
+            f"--output to get eval-<name>-<time> under run.runs_dir, or finish an "
+            f"interrupted eval with --resume"
+        )
+
+
 def create_run_dir(config: Config, *, output: Path | None, name: str | None) -> RunDir:
     if output is None:
         return RunDir.create(
             config.run.runs_dir, name or f"eval-{config.run.name}", config.to_toml()
         )
     output = Path(output)
-    if output.exists() and any(output.iterdir()):
-        raise UsageError(
-            f"--output {str(output)!r} exists and is not empty; pick a new folder, or drop "
-            f"--output to get eval-<name>-<time> under run.runs_dir"
-        )
+    check_output(output)
     (output / "trials").mkdir(parents=True, exist_ok=True)
     atomic_write(output / RunDir.CONFIG, config.to_toml())
     return RunDir(output)
@@ -173,9 +178,12 @@ class Evaluation:
             self.checkpoint = resolve_checkpoint(checkpoint)
             config = serve_checkpoint(config, self.checkpoint)
         self.config = config
-        self.engine = build_plugin(config, self.plugins, "engine") if self.needs_model else None
+        if resume is None:
+            check_output(None if output is None else Path(output))
         self.backend = build_plugin(config, self.plugins, "backend")
         self.verifier = build_plugin(config, self.plugins, "verifier")
+        # last: loading the model is the slow part, so the cheap checks fail before it
+        self.engine = build_plugin(config, self.plugins, "engine") if self.needs_model else None
         self.run = resume or create_run_dir(config, output=output, name=name)
         self.recorded = {t.trial_id: t for t in self.run.trials()} if resume else {}
         self._advance = lambda: None
