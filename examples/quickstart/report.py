@@ -1,6 +1,6 @@
 """Print the quickstart's result: held-out pass@1 before and after training, and the run.
 
-    python examples/quickstart/report.py EVAL_BASE RUN_DIR EVAL_TRAINED
+python examples/quickstart/report.py EVAL_BASE RUN_DIR EVAL_TRAINED
 """
 
 from __future__ import annotations

@@ -63,3 +63,20 @@ def test_one_task_per_skill_and_split_passes_check_tasks(tmp_path):
         "oracle": 1.0,
         "nop": 0.0,
     }
+
+
+def test_mini_config_file_is_passed_after_the_builtin_one_and_a_missing_one_is_named(tmp_path):
+    import pytest
+    from slr_adapter_mini_swe_agent.adapter import MiniSweAgent, MiniSweAgentConfig
+
+    from slr.contracts import Endpoint
+    from slr.errors import UsageError
+
+    agent = MiniSweAgent(MiniSweAgentConfig(config_file=str(HERE / "mini.yaml")))
+    assert agent.config_text == (HERE / "mini.yaml").read_text()
+    endpoint = Endpoint(base_url="http://127.0.0.1:9", api_key="k", model="m")
+    command, _ = agent.command("/opt/slr/agent", endpoint)
+    builtin, user = command.index("mini_textbased.yaml"), command.index("mini/config.yaml")
+    assert builtin < user  # mini merges its -c configs in order: ours wins
+    with pytest.raises(UsageError, match="agent.config_file = .*nope.yaml"):
+        MiniSweAgent(MiniSweAgentConfig(config_file=str(tmp_path / "nope.yaml")))
