@@ -149,6 +149,7 @@ def test_killed_run_leaves_pods_the_next_start_removes_then_trials_complete(
         assert t.termination.value == "completed", why
         # the real Claude Code, from its bundle, called the policy through the proxy
         assert json.loads(t.logs["agent.bundle"])["bundle"].startswith("claude-code-"), why
+        assert t.agent == "claude-code" and t.agent_version, why
         traj = t.trajectory
         assert traj is not None and traj.num_calls >= 1 and traj.segments, why
         for seg in traj.segments:
