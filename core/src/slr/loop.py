@@ -63,11 +63,16 @@ class Components:
     verifier: Any
 
 
+def build_plugin(config: Config, plugins: PluginManager, section: str) -> Any:
+    """The plugin instance the config's ``[section]`` names, built with its options."""
+    choice = getattr(config, section)
+    reg = plugins.get(PLUGIN_SECTIONS[section], choice.name)
+    return reg.create(choice.options, config=config)
+
+
 def build_components(config: Config, plugins: PluginManager, *, train: bool = True) -> Components:
     def make(section: str) -> Any:
-        choice = getattr(config, section)
-        reg = plugins.get(PLUGIN_SECTIONS[section], choice.name)
-        return reg.create(choice.options, config=config)
+        return build_plugin(config, plugins, section)
 
     return Components(
         engine=make("engine"),
