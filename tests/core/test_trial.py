@@ -196,8 +196,9 @@ def test_the_agent_bundle_is_mounted_read_only(backend, tmp_path):
     (tmp_path / "bundle").mkdir()
     (tmp_path / "bundle" / "tool.txt").write_text("tool-v1\n")
     agent = _Bundled(tmp_path / "bundle")
-    trial(backend, load_task(EXAMPLES / "hello-world"), agent=agent)
+    r = trial(backend, load_task(EXAMPLES / "hello-world"), agent=agent)
     assert "tool-v1" in agent.out and "Read-only file system" in agent.out
+    assert r.agent_version == "1"  # the bundle's version is recorded with the trial
 
 
 class _Recorder:

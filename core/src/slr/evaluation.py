@@ -17,15 +17,12 @@ import asyncio
 import datetime as dt
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import attrs
 import structlog
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from slr.config import Config, load_config
 from slr.contracts import SamplingParams, TrialResult
@@ -186,7 +183,6 @@ class Evaluation:
         self.engine = build_plugin(config, self.plugins, "engine") if self.needs_model else None
         self.run = resume or create_run_dir(config, output=output, name=name)
         self.recorded = {t.trial_id: t for t in self.run.trials()} if resume else {}
-        self._advance = lambda: None
 
     @classmethod
     def resume(cls, path: Path, *, plugins: PluginManager | None = None) -> Evaluation:
@@ -274,17 +270,7 @@ class Evaluation:
         # trial ids are deterministic, so a resumed eval runs only what has no record
         ids = [(task, f"{task.id}-{i}") for task in self.tasks for i in range(self.samples)]
         jobs = [self._job(t, tid, sessions) for t, tid in ids if tid not in self.recorded]
-        with Progress(
-            TextColumn("eval"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            disable=not sys.stderr.isatty(),
-        ) as progress:
-            bar = progress.add_task("trials", total=len(jobs))
-            self._advance = lambda: progress.advance(bar)
-            done = await run_trials(jobs, concurrency=self.config.rollout.concurrency)
+        done = await run_trials(jobs, concurrency=self.config.rollout.concurrency, label="eval")
         return [*self.recorded.values(), *done]
 
     def _job(self, task: Task, tid: str, sessions: Any):
@@ -302,7 +288,6 @@ class Evaluation:
             )
             result = attrs.evolve(result, weights_version=self.weights_version)
             self.run.write_trial(result)
-            self._advance()
             log.info(
                 "trial done",
                 trial_id=tid,
