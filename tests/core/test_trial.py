@@ -196,8 +196,13 @@ def test_the_agent_bundle_is_mounted_read_only(backend, tmp_path):
     (tmp_path / "bundle").mkdir()
     (tmp_path / "bundle" / "tool.txt").write_text("tool-v1\n")
     agent = _Bundled(tmp_path / "bundle")
-    trial(backend, load_task(EXAMPLES / "hello-world"), agent=agent)
+    r = trial(backend, load_task(EXAMPLES / "hello-world"), agent=agent)
     assert "tool-v1" in agent.out and "Read-only file system" in agent.out
+    # the bundle's version is the trial's agent_version, and survives the run directory
+    assert r.agent_version == "1"
+    run = RunDir.create(tmp_path / "runs", "v", "")
+    r = trial(backend, load_task(EXAMPLES / "hello-world"), agent=agent, run_dir=run)
+    assert [t.agent_version for t in run.trials()] == ["1"]
 
 
 class _Recorder:

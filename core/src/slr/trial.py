@@ -162,6 +162,7 @@ class _Trial:
         self.trajectory: Trajectory | None = None
         self.git_backup: Path | None = None
         self.git_top: str | None = None
+        self.agent_version: str | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="slr-trial-")
 
     def _result(
@@ -177,6 +178,7 @@ class _Trial:
             termination=termination,
             reward=reward,
             agent=self.agent_name,
+            agent_version=self.agent_version,
             error=error,
             timings=dict(self.timings),
             trajectory=self.trajectory,
@@ -217,6 +219,8 @@ class _Trial:
             bundle = await asyncio.to_thread(self.agent.bundle)
         except Exception as exc:
             raise _Failed(T.AGENT_ERROR, f"building the agent's bundle failed: {exc!r}") from exc
+        # The exact scaffold runtime this trial ran, in its record.
+        self.agent_version = bundle.version
         mounts = {bundle.path: BUNDLE_MOUNT} if bundle.path.is_dir() else {}
         async with self._timed("start"):
             self.sandbox = await self._guard(
