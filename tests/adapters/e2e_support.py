@@ -64,29 +64,41 @@ def _model(tok: Any) -> torch.nn.Module:
     return model
 
 
-def _examples(tok: Any, action: str, after_result: str | None) -> list[tuple[list[int], str]]:
+def _examples(tok: Any, action: str, after_result: str | None) -> list[tuple[list[int], list[int]]]:
     """First turns (a random instruction) answered with ``action``; with ``after_result``,
-    turns that follow a tool result (rendered as the proxy renders it) answered with it."""
+    turns that follow a tool result (rendered as the proxy renders it) answered with it.
+
+    Past its first two tokens a reply's window holds nothing of the prompt but the
+    generation prompt, so only a few examples carry a whole reply (and its EOS); the many
+    that teach it to ignore what comes before carry just the reply's first tokens.
+    """
     rng = random.Random(0)
     words = list(range(300, 40000))
+    eos = tok.eos_token_id
 
     def text(lo: int, hi: int) -> str:
         # random words, ending as instructions and reminders do
-        end = rng.choice(["", ".", ".\n", "`.", "\"", ">", "\n\n", ")"])
+        end = rng.choice(["", ".", ".\n", "`.", '"', ">", "\n\n", ")"])
         return tok.decode(rng.sample(words, rng.randint(lo, hi))) + end
 
+    def reply(said: str, k: int) -> list[int]:
+        ids = [*tok.encode(said, add_special_tokens=False), eos]
+        return ids if k < 4 else ids[:3]
+
     out = []
-    for _ in range(32):
+    for k in range(32):
         system = [{"role": "system", "content": text(1, 9)}] if rng.random() < 0.5 else []
-        out.append((chat_prompt(tok, [*system, {"role": "user", "content": text(1, 20)}]), action))
+        prompt = chat_prompt(tok, [*system, {"role": "user", "content": text(1, 20)}])
+        out.append((prompt, reply(action, k)))
     if after_result is not None:
-        for output in ["", "\n", "(no output)"] + [text(1, 9) for _ in range(5)]:
+        for k in range(12):
+            output = ["", "\n", "(no output)"][k] if k < 3 else text(1, 9)
             history = [
                 {"role": "user", "content": text(1, 30)},
                 {"role": "assistant", "content": action},
                 {"role": "user", "content": f"<tool_response>\n{output}\n</tool_response>"},
             ]
-            out.append((chat_prompt(tok, history), after_result))
+            out.append((chat_prompt(tok, history), reply(after_result, k)))
     return out
 
 
@@ -97,10 +109,8 @@ def taught_model(action: str, *, after_result: str | None = None) -> Path:
     Taught once (seconds, deterministic) and cached on disk by the hash of the recipe
     (``<slr cache>/models/taught-<hash>``), so later test sessions load it in a second.
     """
-    recipe = "\n".join(
-        [_RECIPE, inspect.getsource(_model), inspect.getsource(_examples)]
-        + [inspect.getsource(teach), action, repr(after_result)]
-    )
+    parts = [_model, _examples, teach]
+    recipe = "\n".join([_RECIPE, *map(inspect.getsource, parts), action, repr(after_result)])
     key = hashlib.sha256(recipe.encode()).hexdigest()[:16]
     folder = cache_dir() / "models" / f"taught-{key}"
     tok = tokenizer()
@@ -112,6 +122,7 @@ def taught_model(action: str, *, after_result: str | None = None) -> Path:
                 model,
                 tok,
                 _examples(tok, action, after_result),
+                end_with_eos=False,  # the examples say where EOS comes
                 steps=300,
                 lr=1e-2,
                 max_token_loss=1e-6,
