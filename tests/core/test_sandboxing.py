@@ -1,4 +1,5 @@
-"""The proxy link: URL mapping, forwarding over the unix socket, and cutting it."""
+"""The proxy link: URL mapping, forwarding over the unix socket or TCP, and cutting it; the
+command-to-argv rule every backend shares."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import threading
 
 import pytest
 
-from slr.sandboxing import RELAY_SCRIPT, ProxyLink, inner_proxy_url, remove_stale_links
+from slr.sandboxing import (
+    RELAY_SCRIPT,
+    HostRelay,
+    ProxyLink,
+    command_argv,
+    inner_proxy_url,
+    remove_stale_links,
+)
 from slr.testing.sandbox_probes import stand_in_proxy
 
 
@@ -128,3 +136,45 @@ def test_stale_links_of_dead_processes_are_removed(tmp_path):
     assert remove_stale_links(str(tmp_path)) == 1
     assert mine.dir.exists() and not stale.dir.exists()
     mine.remove()
+
+
+def test_a_string_is_a_bash_command_not_a_login_shell_and_a_list_an_argv():
+    # -c, not -lc: a login shell's /etc/profile would reset the PATH the image set.
+    assert command_argv("echo $PATH") == ["bash", "-c", "echo $PATH"]
+    assert command_argv(("ls", "-la")) == ["ls", "-la"]
+    with pytest.raises(ValueError, match="empty argv"):
+        command_argv([])
+
+
+def _http_get_tcp(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /v1/models HTTP/1.0\r\nHost: x\r\n\r\n")
+        chunks = []
+        while data := s.recv(65536):
+            chunks.append(data)
+    return b"".join(chunks)
+
+
+def test_tcp_relay_forwards_only_accepted_peers_until_closed():
+    """The same relay over a TCP listener (the k8s forwarder): peers it refuses get nothing."""
+    allowed = {"127.0.0.1"}
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    relay = HostRelay(listener, accept_peer=lambda peer: peer[0] in allowed)
+    try:
+        with stand_in_proxy() as url:
+            relay.target = inner_proxy_url(url, 1)[1]
+            assert b"slr-stand-in-proxy-ok" in _http_get_tcp(port)
+            allowed.clear()
+            try:
+                assert _http_get_tcp(port) == b""
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            relay.close()
+            assert relay.closed and relay.target is None
+            with pytest.raises(OSError):
+                _http_get_tcp(port)
+    finally:
+        relay.close()

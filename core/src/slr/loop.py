@@ -26,7 +26,6 @@ import asyncio
 import json
 import random
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,8 +33,6 @@ from typing import Any
 
 import attrs
 import structlog
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from slr import log as slr_log
 from slr.config import PLUGIN_SECTIONS, Config, load_config
@@ -63,11 +60,16 @@ class Components:
     verifier: Any
 
 
+def build_plugin(config: Config, plugins: PluginManager, section: str) -> Any:
+    """The plugin instance the config's ``[section]`` names, built with its options."""
+    choice = getattr(config, section)
+    reg = plugins.get(PLUGIN_SECTIONS[section], choice.name)
+    return reg.create(choice.options, config=config)
+
+
 def build_components(config: Config, plugins: PluginManager, *, train: bool = True) -> Components:
     def make(section: str) -> Any:
-        choice = getattr(config, section)
-        reg = plugins.get(PLUGIN_SECTIONS[section], choice.name)
-        return reg.create(choice.options, config=config)
+        return build_plugin(config, plugins, section)
 
     return Components(
         engine=make("engine"),
@@ -109,7 +111,6 @@ class Loop:
             raise UsageError(f"no tasks found under tasks.path = {str(config.tasks.path)!r}")
         self.parts = build_components(config, plugins)
         self.start_step = 1
-        self._bar: tuple[Progress, Any] | None = None
 
     # -- resume -------------------------------------------------------------------------
 
@@ -160,16 +161,11 @@ class Loop:
                 tid = trial_id(step, task, k, slot)
                 if tid not in recorded:
                     jobs.append(self._job(task, tid, group, step, sessions))
-        with Progress(
-            TextColumn(f"step {step}/{cfg.run.steps} rollout"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            disable=not sys.stderr.isatty(),
-        ) as progress:
-            self._bar = (progress, progress.add_task("trials", total=len(jobs)))
-            results += await run_trials(jobs, concurrency=cfg.rollout.concurrency)
+        results += await run_trials(
+            jobs,
+            concurrency=cfg.rollout.concurrency,
+            label=f"step {step}/{cfg.run.steps} rollout",
+        )
         return results
 
     def _job(self, task: Task, tid: str, group: str, step: int, sessions: ProxySessions):
@@ -188,8 +184,6 @@ class Loop:
             )
             result = attrs.evolve(result, weights_version=self.parts.engine.weights_version)
             self.run.write_trial(result)
-            progress, bar = self._bar
-            progress.advance(bar)
             log.info(
                 "trial done",
                 trial_id=tid,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import sys
 import tempfile
 import time
 import uuid
@@ -27,6 +28,8 @@ from typing import Any, Protocol
 
 import attrs
 import structlog
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from slr import log as slr_log
 from slr.contracts import (
@@ -139,16 +142,34 @@ async def run_trial(
 
 
 async def run_trials(
-    jobs: Iterable[Callable[[], Awaitable[TrialResult]]], *, concurrency: int
+    jobs: Iterable[Callable[[], Awaitable[TrialResult]]],
+    *,
+    concurrency: int,
+    label: str | None = None,
 ) -> list[TrialResult]:
-    """Run trial thunks with at most ``concurrency`` at once, results in job order."""
+    """Run trial thunks with at most ``concurrency`` at once, results in job order.
+
+    With ``label``, a progress bar on stderr counts finished trials (only on a terminal).
+    """
+    jobs = list(jobs)
     sem = asyncio.Semaphore(concurrency)
+    with Progress(
+        TextColumn(label or "trials"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=label is None or not sys.stderr.isatty(),
+    ) as progress:
+        bar = progress.add_task("trials", total=len(jobs))
 
-    async def one(job: Callable[[], Awaitable[TrialResult]]) -> TrialResult:
-        async with sem:
-            return await job()
+        async def one(job: Callable[[], Awaitable[TrialResult]]) -> TrialResult:
+            async with sem:
+                result = await job()
+            progress.advance(bar)
+            return result
 
-    return list(await asyncio.gather(*(one(j) for j in jobs)))
+        return list(await asyncio.gather(*(one(j) for j in jobs)))
 
 
 class _Trial:
@@ -162,8 +183,8 @@ class _Trial:
         self.trajectory: Trajectory | None = None
         self.git_backup: Path | None = None
         self.git_top: str | None = None
-        self.agent_version: str | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="slr-trial-")
+        self.agent_version: str | None = None
 
     def _result(
         self,
@@ -219,8 +240,7 @@ class _Trial:
             bundle = await asyncio.to_thread(self.agent.bundle)
         except Exception as exc:
             raise _Failed(T.AGENT_ERROR, f"building the agent's bundle failed: {exc!r}") from exc
-        # The exact scaffold runtime this trial ran, in its record.
-        self.agent_version = bundle.version
+        self.agent_version = bundle.version or None
         mounts = {bundle.path: BUNDLE_MOUNT} if bundle.path.is_dir() else {}
         async with self._timed("start"):
             self.sandbox = await self._guard(

@@ -9,11 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from slr_adapter_oracle.agents import NopAgent, OracleAgent
 
-from slr import hookimpl
-from slr.errors import UsageError
 from slr.testing import AgentAdapterTests
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -60,7 +57,19 @@ def test_check_tasks_passes_sound_tasks_and_fails_a_broken_one(tmp_path, local_o
     assert rows[("hello-world", "nop")]["reward"]["value"] == 0.0
 
 
-def test_eval_prints_rewards_and_records_a_run(tmp_path, local_opts):
+def eval_opts(tmp_path):
+    """`slr eval` takes the backend's options as config: --set backend.KEY=VALUE."""
+    return [
+        "--backend",
+        "local",
+        "--set",
+        f"backend.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
+        "--set",
+        f"run.runs_dir={json.dumps(str(tmp_path / 'runs'))}",
+    ]
+
+
+def test_eval_runs_the_oracle_without_a_model_and_it_scores_one(tmp_path):
     res = slr(
         "eval",
         "--agent",
@@ -69,41 +78,70 @@ def test_eval_prints_rewards_and_records_a_run(tmp_path, local_opts):
         str(EXAMPLES / "count-lines"),
         "-k",
         "2",
-        *local_opts,
-        "--runs-dir",
-        str(tmp_path / "runs"),
+        *eval_opts(tmp_path),
         cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr
-    assert "count-lines" in res.stdout and "1.00" in res.stdout and "2×completed" in res.stdout
+    assert "count-lines" in res.stdout and "1.00" in res.stdout
+    assert "hf engine ready" not in res.stderr  # no model is loaded for a model-free agent
     (run,) = (tmp_path / "runs").iterdir()
     assert len(list((run / "trials").glob("*.json"))) == 2
+    summary = json.loads((run / "eval.json").read_text())
+    assert summary["pass_at"] == {"1": 1.0, "2": 1.0}
+    assert summary["tasks"]["count-lines"]["n"] == 2 and summary["engine"] is None
 
 
-def test_eval_with_an_unknown_agent_lists_the_installed_ones(tmp_path, local_opts):
+def test_eval_with_an_unknown_agent_lists_the_installed_ones(tmp_path):
     res = slr(
-        "eval", "--agent", "no-such-agent", "--tasks", str(EXAMPLES), *local_opts, cwd=tmp_path
+        "eval",
+        "--agent",
+        "no-such-agent",
+        "--tasks",
+        str(EXAMPLES),
+        *eval_opts(tmp_path),
+        cwd=tmp_path,
     )
     assert res.returncode == 2 and "unknown agent 'no-such-agent'" in res.stderr
     assert "oracle" in res.stderr
 
 
-class _ModelAgent:
-    protocol = "openai"
-
-
-class _RegistersAModelAgent:
-    @hookimpl
-    def register_agents(self, register):
-        register("needs-a-model", _ModelAgent)
-
-
-def test_eval_refuses_an_agent_that_needs_a_model(slr_plugins, tmp_path):
-    from slr_adapter_oracle.commands import eval_
-
-    slr_plugins.register(_RegistersAModelAgent(), name="model-agent")
-    res = CliRunner().invoke(
-        eval_, ["--agent", "needs-a-model", "--tasks", str(EXAMPLES), "--backend", "local"]
+def test_eval_refuses_a_checkpoint_for_an_agent_that_calls_no_model(tmp_path):
+    res = slr(
+        "eval",
+        "--agent",
+        "oracle",
+        "--tasks",
+        str(EXAMPLES / "hello-world"),
+        "--checkpoint",
+        str(tmp_path),
+        *eval_opts(tmp_path),
+        cwd=tmp_path,
     )
-    assert isinstance(res.exception, UsageError)
-    assert "calls a model" in str(res.exception)
+    assert res.returncode == 2, res.stderr
+    assert "calls no model, so --checkpoint has nothing to serve" in res.stderr
+
+
+def test_an_interrupted_eval_resumes_running_only_the_missing_trials(tmp_path):
+    out = tmp_path / "ev"
+    args = ["--agent", "oracle", "--tasks", str(EXAMPLES / "hello-world"), "-k", "3"]
+    first = slr("eval", *args, *eval_opts(tmp_path), "--output", str(out), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    kept = {p.name: p.read_bytes() for p in (out / "trials").glob("*.json")}
+    assert sorted(kept) == ["hello-world-0.json", "hello-world-1.json", "hello-world-2.json"]
+    # as if killed after two trials: one record and the summary are missing
+    (out / "trials" / "hello-world-1.json").unlink()
+    (out / "eval.json").unlink()
+    del kept["hello-world-1.json"]
+    res = slr("eval", "--resume", str(out), "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["trials"] == 3 and summary["pass_at"] == {"1": 1.0, "2": 1.0, "3": 1.0}
+    after = {p.name: p.read_bytes() for p in (out / "trials").glob("*.json")}
+    assert {k: after[k] for k in kept} == kept and "hello-world-1.json" in after
+    events = [
+        e["event"]
+        for e in json.loads("[" + ",".join((out / "events.jsonl").read_text().splitlines()) + "]")
+    ]
+    assert events == ["started", "finished", "resumed", "started", "finished"]
+    refused = slr("eval", "--resume", str(out), "-k", "5", cwd=tmp_path)
+    assert refused.returncode == 2 and "--resume finishes an eval" in refused.stderr

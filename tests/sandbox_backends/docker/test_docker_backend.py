@@ -412,3 +412,34 @@ def test_the_agent_cannot_kill_its_own_container(backend, example_tasks):
             await sb.stop()
 
     assert _run(go()).stdout.strip() == "alive"
+
+
+def test_a_string_command_sees_the_path_the_image_sets(backend, example_tasks, tmp_path):
+    """SWE task images put venvs / conda / toolchains first on PATH with ENV; a string command
+    must find them (a login shell would not: Debian's /etc/profile resets PATH)."""
+    task = _copy_task(
+        example_tasks[0],
+        tmp_path / "image-path",
+        f"FROM {BASE_TAG}\n"
+        "ENV PATH=/opt/slr-venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        "RUN mkdir -p /opt/slr-venv/bin && printf '#!/bin/sh\\necho from-the-image-path\\n' "
+        "> /opt/slr-venv/bin/slr-image-tool && chmod +x /opt/slr-venv/bin/slr-image-tool\n"
+        "WORKDIR /app\n",
+    )
+
+    async def go():
+        await backend.prepare(task)
+        sb = await backend.start(task, trial_id=f"path-{uuid.uuid4().hex[:6]}", labels={})
+        try:
+            return await sb.exec("slr-image-tool; echo $PATH")
+        finally:
+            await sb.stop()
+
+    try:
+        res = _run(go())
+    finally:
+        backend.client.images.remove(backend.image_tag(task), force=True)
+    assert res.exit_code == 0, res.stderr
+    tool, path = res.stdout.splitlines()
+    assert tool == "from-the-image-path"
+    assert path.startswith("/opt/slr-venv/bin:")

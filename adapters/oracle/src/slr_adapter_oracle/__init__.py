@@ -17,7 +17,6 @@ def register_agents(register):
 
 @slr.hookimpl
 def register_commands(cli):
-    from slr_adapter_oracle.commands import check_tasks, eval_
+    from slr_adapter_oracle.commands import check_tasks
 
     cli.add_command(check_tasks)
-    cli.add_command(eval_)

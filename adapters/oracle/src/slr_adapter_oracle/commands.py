@@ -1,4 +1,6 @@
-"""``slr check-tasks`` and ``slr eval``: run tasks end to end without a model."""
+"""``slr check-tasks``: run tasks end to end with the oracle and nop agents (no model).
+
+``slr eval`` (the core CLI) runs these agents too, and agents that call the policy."""
 
 from __future__ import annotations
 
@@ -61,9 +63,7 @@ def _common(fn):
     return fn
 
 
-async def _run_all(
-    tasks, agents: dict[str, Any], k: int, backend, verifier, concurrency, run_dir=None
-):
+async def _run_all(tasks, agents: dict[str, Any], k: int, backend, verifier, concurrency):
     await backend.cleanup_orphans()
     sessions = StandInSessions()
     jobs = [
@@ -75,7 +75,6 @@ async def _run_all(
                 verifier=verifier,
                 session_factory=sessions,
                 agent_name=name,
-                run_dir=run_dir,
             )
         )
         for t in tasks
@@ -150,72 +149,3 @@ def check_tasks(paths, backend, backend_opts, verifier, concurrency, as_json) ->
         Console().print(table)
     if bad:
         raise SystemExit(1)
-
-
-@click.command("eval")
-@click.option("--agent", required=True, help="Agent plugin, e.g. oracle or nop.")
-@click.option(
-    "--tasks",
-    "tasks_path",
-    required=True,
-    type=click.Path(exists=True, path_type=Path),
-    help="A task folder, a folder of tasks, or a .parquet index.",
-)
-@click.option("-k", default=1, show_default=True, help="Trials per task.")
-@click.option(
-    "--runs-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("runs"),
-    show_default=True,
-    help="Each eval is recorded as a run directory under this folder.",
-)
-@_common
-def eval_(agent, tasks_path, k, runs_dir, backend, backend_opts, verifier, concurrency, as_json):
-    """Run an agent on tasks k times and print each task's rewards and terminations.
-
-    \b
-      slr eval --agent oracle --backend docker --tasks examples/tasks
-    This build runs agents that call no model (oracle, nop); agents that need the policy
-    run through `slr run`, which starts the proxy and the engine.
-    """
-    from slr.runs import RunDir
-
-    adapter = make_plugin("agent", agent)
-    if getattr(adapter, "needs_model", True):
-        raise UsageError(
-            f"agent {agent!r} calls a model; `slr eval` runs only agents that do not (oracle, "
-            f"nop) until the proxy lands. Use `slr run` to roll it out."
-        )
-    tasks = load_tasks(tasks_path)
-    run = RunDir.create(
-        runs_dir,
-        "eval",
-        f'[eval]\nagent = "{agent}"\nbackend = "{backend}"\ntasks = "{tasks_path}"\nk = {k}\n',
-    )
-    results = asyncio.run(
-        _run_all(
-            tasks,
-            {agent: adapter},
-            k,
-            make_plugin("sandbox_backend", backend, backend_opts),
-            make_plugin("verifier", verifier),
-            concurrency,
-            run_dir=run,
-        )
-    )
-    run.close()
-    by: dict[str, list[TrialResult]] = defaultdict(list)
-    for r in results:
-        by[r.task_id].append(r)
-    if as_json:
-        click.echo(json.dumps([to_dict(r) for r in results], indent=2, default=str))
-        return
-    table = Table("task", "rewards", "mean", "terminations", title=f"{agent} on {backend}")
-    for t in tasks:
-        rs = by[t.id]
-        scored = [r.reward.value for r in rs if r.reward is not None]
-        mean = f"{sum(scored) / len(scored):.2f}" if scored else "-"
-        terms = ", ".join(f"{n}×{t}" for t, n in Counter(str(r.termination) for r in rs).items())
-        table.add_row(t.id, _cell(rs).split(" (")[0], mean, terms)
-    Console().print(table)
-    click.echo(f"recorded in {run.path}")

@@ -24,7 +24,11 @@ class Sandbox(Protocol):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
-        """Run a command (a string goes through ``bash -lc``); a timeout kills its process tree."""
+        """Run a command; a timeout kills its process tree.
+
+        A string runs as ``bash -c COMMAND`` (not a login shell, so the image's ``PATH``
+        stands; ``slr.sandboxing.command_argv``), a sequence as an argv.
+        """
 
     async def upload(self, src: Path, dest: str) -> None:
         """Copy a host file or folder to ``dest`` inside the sandbox."""

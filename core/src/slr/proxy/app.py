@@ -105,6 +105,16 @@ def build_app(proxy: Proxy) -> Litestar:
             {"object": "list", "data": data, "has_more": False, "first_id": first, "last_id": last}
         )
 
+    async def complete(request: Request, api: Any, protocol: str, request_cls: type) -> Response:
+        """One model call in either API: the two differ only in their wire format."""
+        state = proxy._state(_token(request), protocol)
+        body = await _decode(request, request_cls, limit)
+        proxy._check_model(body.model)
+        result = await proxy.completer.complete(state, api.to_chat_request(body))
+        if body.stream:
+            return _sse(api.stream(body, result))
+        return _json(api.response(body, result))
+
     @post(
         [
             "/v1/chat/completions",
@@ -114,23 +124,11 @@ def build_app(proxy: Proxy) -> Litestar:
         status_code=200,
     )
     async def chat_completions(request: Request) -> Response:
-        state = proxy._state(_token(request), "openai")
-        body = await _decode(request, openai.ChatCompletionRequest, limit)
-        proxy._check_model(body.model)
-        result = await proxy.completer.complete(state, openai.to_chat_request(body))
-        if body.stream:
-            return _sse(openai.stream(body, result))
-        return _json(openai.response(body, result))
+        return await complete(request, openai, "openai", openai.ChatCompletionRequest)
 
     @post(["/v1/messages", "/s/{token:str}/v1/messages"], status_code=200)
     async def messages(request: Request) -> Response:
-        state = proxy._state(_token(request), "anthropic")
-        body = await _decode(request, anthropic.MessagesRequest, limit)
-        proxy._check_model(body.model)
-        result = await proxy.completer.complete(state, anthropic.to_chat_request(body))
-        if body.stream:
-            return _sse(anthropic.stream(body, result))
-        return _json(anthropic.response(body, result))
+        return await complete(request, anthropic, "anthropic", anthropic.MessagesRequest)
 
     @post(["/v1/messages/count_tokens", "/s/{token:str}/v1/messages/count_tokens"], status_code=200)
     async def count_tokens(request: Request) -> Response:

@@ -10,18 +10,14 @@ and nothing else. Closing the link (before the verifier phase) cuts even that.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
 import tempfile
-import threading
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import structlog
-
-log = structlog.get_logger()
+from slr.sandboxing.host_relay import HostRelay
 
 RELAY_SCRIPT = Path(__file__).with_name("relay.py")
 SOCKET_NAME = "proxy.sock"
@@ -42,8 +38,9 @@ def inner_proxy_url(host_url: str, port: int) -> tuple[str, tuple[str, int]]:
 class ProxyLink:
     """One trial's link: a folder holding ``relay.py`` and ``proxy.sock``, to bind-mount.
 
-    The host end runs on its own threads, not on the caller's event loop, so a sandbox may
-    be driven from several loops (tests) and a busy loop never stalls the agent's traffic.
+    The host end is a ``HostRelay`` on the unix socket: its own threads, not the caller's
+    event loop, so a sandbox may be driven from several loops (tests) and a busy loop never
+    stalls the agent's traffic.
     """
 
     def __init__(self, *, parent: str | None = None) -> None:
@@ -54,69 +51,25 @@ class ProxyLink:
         shutil.copy(RELAY_SCRIPT, self.dir / "relay.py")
         self.socket_path = self.dir / SOCKET_NAME
         self._target: tuple[str, int] | None = None
-        self._listener: socket.socket | None = None
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
+        self._relay: HostRelay | None = None
 
     def start(self) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(self.socket_path))
         self.socket_path.chmod(0o777)  # any sandbox user may dial the proxy
         listener.listen(128)
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        self._relay = HostRelay(listener, target=self._target)
 
     def set_target(self, host: str, port: int) -> None:
         self._target = (host, port)
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    def _handle(self, conn: socket.socket) -> None:
-        target = self._target
-        if target is None:
-            conn.close()
-            return
-        try:
-            up = socket.create_connection(target, timeout=10)
-            up.settimeout(None)
-        except OSError as exc:
-            log.warning("proxy link: proxy unreachable", target=target, error=str(exc))
-            conn.close()
-            return
-        with self._lock:
-            if self._listener is None:  # closed meanwhile
-                conn.close()
-                up.close()
-                return
-            self._open.update((conn, up))
-        t = threading.Thread(target=_pipe, args=(up, conn), daemon=True)
-        t.start()
-        _pipe(conn, up)
-        t.join()
-        with self._lock:
-            self._open.difference_update((conn, up))
-        conn.close()
-        up.close()
+        if self._relay is not None and not self._relay.closed:
+            self._relay.target = self._target
 
     def close(self) -> None:
         """Stop forwarding and cut open connections (idempotent)."""
         self._target = None
-        with self._lock:
-            listener, self._listener = self._listener, None
-            open_now = list(self._open)
-        if listener is not None:
-            with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)
-            listener.close()
-        for s in open_now:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+        if self._relay is not None:
+            self._relay.close()
         self.socket_path.unlink(missing_ok=True)
 
     def remove(self) -> None:
@@ -148,15 +101,3 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            with contextlib.suppress(OSError):
-                s.shutdown(how)

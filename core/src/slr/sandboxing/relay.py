@@ -7,6 +7,9 @@ sandbox; the host end forwards to the proxy. The proxy is the only thing reachab
     python3 relay.py PORT SOCKET            serve forever (a container's PID 1); prints
                                             "slr-relay ready" once listening
     python3 relay.py PORT SOCKET -- CMD...  listen, run CMD, exit with its status
+
+It is copied into the sandbox and runs on the sandbox's python3, so it cannot import slr:
+its pipe loop is its own copy of ``slr.sandboxing.host_relay.pipe``.
 """
 
 import os

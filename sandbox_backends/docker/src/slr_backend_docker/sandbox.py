@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from slr.contracts import ExecResult, SandboxError
-from slr.sandboxing import ProxyLink, inner_proxy_url
+from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 
 if TYPE_CHECKING:
     from slr_backend_docker.backend import DockerBackend
@@ -72,7 +72,7 @@ class DockerSandbox:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
-        argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
+        argv = command_argv(command)
         marker = uuid.uuid4().hex
         environment = {**(env or {}), EXEC_MARKER: marker}
         started = time.monotonic()

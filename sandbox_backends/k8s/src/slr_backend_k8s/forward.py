@@ -6,17 +6,17 @@ the pod network's gateway) that forwards to the proxy's real address. It accepts
 connections from its own pod's IP, so one trial cannot use another's link even where
 NetworkPolicy is not enforced, and it is closed when the agent phase ends.
 
-Threads, not asyncio: the backend may be driven from several event loops, and a busy loop
-must never stall an agent's traffic.
+The relay itself (threads, one target, cut on close) is ``slr.sandboxing.HostRelay``, shared
+with the unix-socket link of ``network = "loopback"`` and the other backends.
 """
 
 from __future__ import annotations
 
-import contextlib
 import socket
-import threading
 
 import structlog
+
+from slr.sandboxing import HostRelay
 
 log = structlog.get_logger()
 
@@ -30,12 +30,12 @@ def local_address_towards(ip: str) -> str:
 
 
 class Forwarder:
-    """Listen on ``bind_host`` (a free port) and pipe each accepted connection to ``target``."""
+    """Listen on ``bind_host`` (a free port) and relay each connection from ``allowed_peer``
+    to ``target`` (``slr.sandboxing.HostRelay``, the same relay as the unix-socket link)."""
 
     def __init__(self, bind_host: str, *, allowed_peer: str | None) -> None:
         self.bind_host = bind_host
         self.allowed_peer = allowed_peer
-        self.target: tuple[str, int] | None = None
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -50,76 +50,26 @@ class Forwarder:
             ) from exc
         listener.listen(128)
         self.port: int = listener.getsockname()[1]
-        self._listener: socket.socket | None = listener
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        self._relay = HostRelay(listener, accept_peer=self._accept_peer)
 
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                conn, peer = listener.accept()
-            except OSError:
-                return
-            if self.allowed_peer is not None and peer[0] != self.allowed_peer:
-                log.warning(
-                    "proxy link: refused a connection from another address",
-                    peer=peer[0],
-                    expected=self.allowed_peer,
-                )
-                conn.close()
-                continue
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+    @property
+    def target(self) -> tuple[str, int] | None:
+        return self._relay.target
 
-    def _handle(self, conn: socket.socket) -> None:
-        target = self.target
-        if target is None:
-            conn.close()
-            return
-        try:
-            up = socket.create_connection(target, timeout=10)
-            up.settimeout(None)
-        except OSError as exc:
-            log.warning("proxy link: proxy unreachable", target=target, error=str(exc))
-            conn.close()
-            return
-        with self._lock:
-            if self._listener is None:
-                conn.close()
-                up.close()
-                return
-            self._open.update((conn, up))
-        back = threading.Thread(target=_pipe, args=(up, conn), daemon=True)
-        back.start()
-        _pipe(conn, up)
-        back.join()
-        with self._lock:
-            self._open.difference_update((conn, up))
-        conn.close()
-        up.close()
+    @target.setter
+    def target(self, value: tuple[str, int] | None) -> None:
+        self._relay.target = value
+
+    def _accept_peer(self, peer: tuple) -> bool:
+        if self.allowed_peer is None or peer[0] == self.allowed_peer:
+            return True
+        log.warning(
+            "proxy link: refused a connection from another address",
+            peer=peer[0],
+            expected=self.allowed_peer,
+        )
+        return False
 
     def close(self) -> None:
         """Stop listening and cut the open connections. Idempotent."""
-        self.target = None
-        with self._lock:
-            listener, self._listener = self._listener, None
-            current = list(self._open)
-        if listener is not None:
-            with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)
-            listener.close()
-        for s in current:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            with contextlib.suppress(OSError):
-                s.shutdown(how)
+        self._relay.close()

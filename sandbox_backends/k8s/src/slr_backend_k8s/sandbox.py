@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import structlog
 
 from slr.contracts import ExecResult, SandboxError
-from slr.sandboxing import ProxyLink, inner_proxy_url
+from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr_backend_k8s import execstream
 from slr_backend_k8s.api import K8sError, PodGone, explain, is_not_found
 from slr_backend_k8s.forward import Forwarder
@@ -76,7 +76,7 @@ class K8sSandbox:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
-        argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
+        argv = command_argv(command)
         if not argv:
             raise ValueError("exec needs a command")
         return await self._exec(argv, timeout_s=timeout_s, user=user, cwd=cwd, env=env)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from slr.contracts import ExecResult, SandboxError
-from slr.sandboxing import ProxyLink, inner_proxy_url
+from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr_backend_local.isolation import BASE_ENV, LINK_MOUNT, bwrap_argv
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class LocalSandbox:
         if user not in (None, "root", "0") and not _warned_user:
             _warned_user = True
             log.warning("local backend runs every command as the invoking user", asked=user)
-        argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
+        argv = command_argv(command)
         inner_cwd = cwd or self.workdir
         full_env = {**self.env, **(env or {})}
         if self.backend.bwrap is not None:
