@@ -127,8 +127,7 @@ model = "{model}"
 @pytest.mark.parametrize("backend_name", ["docker", "local"])
 def test_slr_run_earns_reward_one(scaffold, backend_name, tmp_path, request):
     name, model = scaffold
-    if backend_name == "docker":
-        request.getfixturevalue("docker_backend")  # the base image is there; nothing left over
+    docker = request.getfixturevalue("docker_backend") if backend_name == "docker" else None
     cfg = write_config(tmp_path, name, model)
     res = subprocess.run(
         [SLR, "run", "-c", str(cfg), "--agent", name, "--backend", backend_name],
@@ -173,3 +172,6 @@ def test_slr_run_earns_reward_one(scaffold, backend_name, tmp_path, request):
     assert metrics["step"] == 1 and metrics["weights_version"] == 1
     assert metrics["reward/mean"] == 1.0
     assert run.latest_checkpoint() == run.checkpoint_dir(1)
+    if docker is not None:  # the run removed its sandboxes
+        left = docker.client.containers.list(all=True, filters={"label": f"slr.run={run.id}"})
+        assert left == [], [c.name for c in left]
