@@ -1,63 +1,68 @@
-"""Each scaffold, end to end: real bundle, real sandbox (docker and local), the real proxy,
-the real engine generating every token, the Harbor verifier, the trial runner.
+"""Each scaffold, end to end through `slr run`: the real CLI, the real bundle, a real
+sandbox (docker and local), the real proxy, the real engine generating every token, the
+Harbor verifier, one GRPO step and the weight sync.
 
 The policy is a tiny model taught, in the fixture, to answer in that scaffold's own action
 format (a native tool call for the tool-using scaffolds, Terminus-2's JSON, a bash block for
-mini-swe-agent) with the action that solves ``examples/tasks/hello-world``. Its attention
-is a one-layer sliding window of five tokens, so what it says depends only on the end of
-the prompt (``<|im_end|>\\n<|im_start|>assistant\\n``), never on the scaffold's system
-prompt: taught on short prompts, it gives the same answer inside a 10k-token Claude Code
-prompt (taught once, then cached on disk).
-Generation stays real: the proxy samples it token by token and records ids, mask and
-log-probs. Whatever the scaffold does after the action (repeat it, stop), the file stays,
-and the verifier gives reward 1.
+mini-swe-agent) with the action that solves ``examples/tasks/hello-world``, and, for the
+tool-using scaffolds, to answer a tool result with a plain "Done." (which ends their run).
+Its attention is a one-layer sliding window of eight tokens, so what it says depends only
+on the end of the prompt, never on the scaffold's system prompt: taught on short prompts, it
+gives the same answer inside a 10k-token Claude Code prompt (taught in seconds, cached on
+disk). Generation stays real: the proxy samples it token by token at the run's temperature
+(1.0) and records ids, mask and log-probs; the scaffold parses and executes the action.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from e2e_support import HELLO, taught_engine
-from slr_adapter_claude_code.adapter import ClaudeCode, ClaudeCodeConfig
+from e2e_support import HELLO, taught_model
+from slr_adapter_claude_code.adapter import ClaudeCode
 from slr_adapter_mini_swe_agent.adapter import MiniSweAgent
-from slr_adapter_opencode.adapter import OpenCode, OpenCodeConfig
-from slr_adapter_openhands.adapter import OpenHands, OpenHandsConfig
-from slr_adapter_terminus.adapter import Terminus, TerminusConfig
+from slr_adapter_opencode.adapter import OpenCode
+from slr_adapter_openhands.adapter import OpenHands
+from slr_adapter_terminus.adapter import Terminus
 
-from slr.config import ProxySection
-from slr.contracts import SamplingParams, TerminationReason
-from slr.plugins import get_plugin_manager
-from slr.proxy import Proxy, ProxySessions, ProxyThread
-from slr.trial import run_trial
+from slr.contracts import TerminationReason
+from slr.runs import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
-MODEL = "policy"
+ROOT = Path(__file__).resolve().parents[2]
+SLR = str(Path(sys.executable).with_name("slr"))
 
 
 def hermes(name: str, arguments: dict) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
-# name -> (adapter, what the policy says: the scaffold's own action format)
+# name -> (adapter class, its [agent] options, what the policy says in the scaffold's format)
 CASES = {
     "claude-code": (
-        lambda: ClaudeCode(ClaudeCodeConfig(max_turns=2)),
+        ClaudeCode,
+        {"max_turns": 3},
         hermes("Bash", {"command": HELLO, "description": "write hello.txt"}),
     ),
     "opencode": (
-        lambda: OpenCode(OpenCodeConfig(max_steps=2)),
+        OpenCode,
+        {"max_steps": 4},
         hermes("bash", {"command": HELLO, "description": "write hello.txt"}),
     ),
     "openhands": (
-        lambda: OpenHands(OpenHandsConfig(max_iterations=2)),
+        OpenHands,
+        {"max_iterations": 3},
         hermes("terminal", {"command": HELLO}),
     ),
     "terminus": (
-        lambda: Terminus(TerminusConfig(max_turns=2)),
+        Terminus,
+        # it asks the model to confirm task_complete once: the second reply does
+        {"max_turns": 2},
         json.dumps(
             {
                 "analysis": "Empty directory.",
@@ -69,82 +74,104 @@ CASES = {
     ),
     "mini-swe-agent": (
         MiniSweAgent,
+        {"step_limit": 3},
         "THOUGHT: write the file, then submit.\n\n```mswea_bash_command\n"
         f"{HELLO} && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```",
     ),
 }
 
-
-# The tiny taught policy does not reproduce these actions reliably yet: opencode, openhands
-# and terminus get ``<tool_call>`` and stop; mini-swe-agent's policy, taught with the
-# current tiny_model (untied head), garbles the submit line. The trials run and are
-# captured, but score 0. Expected failures, named here and in docs/agents.md, until the
-# taught policy is fixed (a wider model or more steps in e2e_support.taught_engine).
-NOT_YET_LEARNED = {"opencode", "openhands", "terminus", "mini-swe-agent"}
+#: One GRPO group of this many trials per run.
+GROUP = 2
 
 
-@pytest.fixture(
-    scope="module",
-    params=[
-        pytest.param(
-            name,
-            # not run: teaching each policy costs minutes of CI for a known 0
-            marks=pytest.mark.xfail(
-                run=False, reason="the tiny taught policy garbles this action yet"
-            ),
-        )
-        if name in NOT_YET_LEARNED
-        else name
-        for name in sorted(CASES)
-    ],
-)
-def scaffold(request):
-    """(name, adapter, proxy) with a policy taught this scaffold's action; one per module."""
+@pytest.fixture(scope="module", params=sorted(CASES))
+def scaffold(request) -> tuple[str, Path]:
+    """(agent name, folder of a policy taught that scaffold's action)."""
     name = request.param
-    make, action = CASES[name]
-    engine = taught_engine(action)
-    proxy = Proxy(
-        engine,
-        ProxySection(model_names=[MODEL]),
-        sampling=SamplingParams(max_tokens=160, temperature=1.0),
+    _, _, action = CASES[name]
+    # The tool-calling scaffolds end their run on a reply without a tool call.
+    after = "Done." if action.startswith("<tool_call>") else None
+    return name, taught_model(action, after_result=after)
+
+
+def toml_value(v: object) -> str:
+    return json.dumps(v)  # ints, strings and lists of them are the same in TOML
+
+
+def write_config(tmp: Path, name: str, model: Path) -> Path:
+    options = "\n".join(f"{k} = {toml_value(v)}" for k, v in CASES[name][1].items())
+    path = tmp / "run.toml"
+    path.write_text(
+        f"""
+[run]
+name = "{name}"
+runs_dir = "{tmp / "runs"}"
+steps = 1
+[tasks]
+path = "{ROOT / "examples" / "tasks"}"
+include = ["hello-world"]
+[rollout]
+tasks_per_step = 1
+n_per_task = {GROUP}
+concurrency = {GROUP}
+max_tokens = 160
+[agent]
+{options}
+[engine]
+model = "{model}"
+"""
     )
-    with ProxyThread(proxy) as running:
-        yield name, make(), running
-    asyncio.run(engine.close())
+    return path
 
 
-def test_trial_end_to_end(scaffold, backend_name, request, hello_task):
-    name, adapter, proxy = scaffold
-    backend = request.getfixturevalue(f"{backend_name}_backend")
-    verifier = get_plugin_manager().get("verifier", "harbor").load()()
-    result = asyncio.run(
-        run_trial(
-            hello_task,
-            backend=backend,
-            agent=adapter,
-            verifier=verifier,
-            session_factory=ProxySessions(proxy, protocol=adapter.protocol, model=MODEL),
-            agent_name=name,
-            agent_timeout_s=300,
-        )
+@pytest.mark.parametrize("backend_name", ["docker", "local"])
+def test_slr_run_earns_reward_one(scaffold, backend_name, tmp_path, request):
+    name, model = scaffold
+    docker = request.getfixturevalue("docker_backend") if backend_name == "docker" else None
+    cfg = write_config(tmp_path, name, model)
+    res = subprocess.run(
+        [SLR, "run", "-c", str(cfg), "--agent", name, "--backend", backend_name],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    why = f"{result.error}\n" + "\n".join(f"--- {k}\n{v[-2500:]}" for k, v in result.logs.items())
-    assert result.termination == TerminationReason.COMPLETED, why
+    assert res.returncode == 0, res.stderr[-4000:]
+    (path,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    run = RunDir.open(path)
+    trials = list(run.trials())
+    assert len(trials) == GROUP, res.stderr[-4000:]
+    version = CASES[name][0]().bundle().version
+    for t in trials:
+        why = f"{t.error}\n" + "\n".join(f"--- {k}\n{v[-2500:]}" for k, v in t.logs.items())
+        assert t.termination == TerminationReason.COMPLETED, why
 
-    # the scaffold's model calls went through the proxy, and were captured
-    traj = result.trajectory
-    assert traj is not None and traj.num_calls >= 1 and traj.segments, why
-    for seg in traj.segments:
-        assert len(seg.token_ids) == len(seg.loss_mask) == len(seg.logprobs)
-    policy = [
-        lp for seg in traj.segments for m, lp in zip(seg.loss_mask, seg.logprobs, strict=True) if m
-    ]
-    assert policy and all(math.isfinite(lp) and lp <= 0.0 for lp in policy)
+        # the scaffold's model calls went through the proxy, and were captured exactly
+        traj = t.trajectory
+        assert traj is not None and traj.num_calls >= 1 and traj.segments, why
+        for seg in traj.segments:
+            assert len(seg.token_ids) == len(seg.loss_mask) == len(seg.logprobs)
+        policy = [
+            lp
+            for seg in traj.segments
+            for m, lp in zip(seg.loss_mask, seg.logprobs, strict=True)
+            if m
+        ]
+        assert policy and all(math.isfinite(lp) and lp <= 0.0 for lp in policy), why
 
-    # the action the model chose ran in the sandbox, and the verifier saw it
-    assert result.reward is not None and result.reward.value == 1.0, why
+        # the action the model chose ran in the sandbox, and the verifier saw it
+        assert t.reward is not None and t.reward.value == 1.0, why
 
-    # the record is complete: timings, the scaffold's own logs, the bundle's version
-    assert {"start_s", "agent_s", "verifier_s", "total_s"} <= set(result.timings)
-    assert json.loads(result.logs["agent.bundle"])["version"] == adapter.bundle().version
-    assert any(k.startswith("agent.") and k not in ("agent.bundle",) for k in result.logs)
+        # the record is complete: who ran, on which runtime, with which weights
+        assert t.agent == name and t.agent_version == version
+        assert t.weights_version == 0 and t.step == 1 and t.group_id is not None
+        assert {"start_s", "agent_s", "verifier_s", "total_s"} <= set(t.timings)
+        assert any(k.startswith("agent.") and k != "agent.bundle" for k in t.logs), why
+
+    # one step: its metrics line, the weights pushed to the engine as version 1
+    (metrics,) = run.metrics()
+    assert metrics["step"] == 1 and metrics["weights_version"] == 1
+    assert metrics["reward/mean"] == 1.0
+    assert run.latest_checkpoint() == run.checkpoint_dir(1)
+    if docker is not None:  # the run removed its sandboxes
+        left = docker.client.containers.list(all=True, filters={"label": f"slr.run={run.id}"})
+        assert left == [], [c.name for c in left]

@@ -198,7 +198,11 @@ def test_the_agent_bundle_is_mounted_read_only(backend, tmp_path):
     agent = _Bundled(tmp_path / "bundle")
     r = trial(backend, load_task(EXAMPLES / "hello-world"), agent=agent)
     assert "tool-v1" in agent.out and "Read-only file system" in agent.out
-    assert r.agent_version == "1"  # the bundle's version is recorded with the trial
+    # the bundle's version is the trial's agent_version, and survives the run directory
+    assert r.agent_version == "1"
+    run = RunDir.create(tmp_path / "runs", "v", "")
+    r = trial(backend, load_task(EXAMPLES / "hello-world"), agent=agent, run_dir=run)
+    assert [t.agent_version for t in run.trials()] == ["1"]
 
 
 class _Recorder:

@@ -13,11 +13,12 @@ import shlex
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import structlog
 
 from slr.bundles import MARKER
-from slr.contracts import AgentOutcome, Bundle, Sandbox, SandboxError
+from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox, SandboxError
 from slr.errors import SlrError
 
 log = structlog.get_logger()
@@ -163,3 +164,94 @@ async def bundle_root(sandbox: Sandbox, bundle: Bundle) -> str:
 
 #: What an uncaught Python exception prints: a crash of a Python scaffold.
 PYTHON_CRASH = "Traceback (most recent call last)"
+
+
+# -- the shared part of an adapter: bundle -> command -> files -> run -> logs ----------------
+
+#: The shell word that expands to the trial's instruction (uploaded as a file: no quoting
+#: or argument-length limits).
+INSTRUCTION_ARG = f'"$(cat {AGENT_DIR}/instruction.md)"'
+#: Where a tmux-driving scaffold's server puts its socket, so it can be ended afterwards.
+TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
+
+
+class HeadlessScaffold(Protocol):
+    """What ``run_scaffold`` needs from an adapter: its bundle, and the command line and
+    environment that run it against ``endpoint`` with the bundle at ``root``."""
+
+    def bundle(self) -> Bundle: ...
+
+    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]: ...
+
+
+def shell_line(argv: Sequence[str], *tail: str) -> str:
+    """``argv`` quoted for the shell, then ``tail`` words as they are (e.g.
+    ``INSTRUCTION_ARG``), with stdin closed (headless CLIs otherwise wait on it)."""
+    return " ".join([*(shlex.quote(a) for a in argv), *tail, "</dev/null"])
+
+
+def python_scaffold_env(root: str) -> dict[str, str]:
+    """Environment for a Python scaffold on the bundle's interpreter at ``root``; litellm
+    (which every Python scaffold here uses) reads its price list locally, not from the net."""
+    from slr.bundle_recipes import python_env
+
+    return {**python_env(root), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+def driver_files(package: str, settings: Mapping[str, Any]) -> dict[str, str]:
+    """The files of a scaffold run by a driver script shipped in ``package``
+    (``driver.py``) with its ``settings`` (``settings.json``), for ``driver_command``."""
+    from importlib.resources import files
+
+    return {
+        "driver.py": files(package).joinpath("driver.py").read_text(),
+        "settings.json": json.dumps(dict(settings)),
+    }
+
+
+def driver_command(python: str) -> str:
+    """Run the driver of ``driver_files`` on ``python`` (the bundle's interpreter)."""
+    return f"{python} {AGENT_DIR}/driver.py {AGENT_DIR}/settings.json </dev/null"
+
+
+async def run_scaffold(
+    adapter: HeadlessScaffold,
+    sandbox: Sandbox,
+    instruction: str,
+    endpoint: Endpoint,
+    *,
+    timeout_s: float,
+    files: Mapping[str, str] | None = None,
+    logs_from: Sequence[str] = (),
+    python: bool = False,
+    tmux: bool = False,
+) -> AgentOutcome:
+    """An adapter's whole ``run``: find its bundle in ``sandbox``, build the command and
+    environment (``adapter.command(root, endpoint)``), upload the instruction
+    (``AGENT_DIR/instruction.md``) and ``files`` (relative to ``AGENT_DIR``), run it headless under
+    ``timeout_s`` and gather ``logs_from`` and the bundle's version into the logs.
+
+    ``python``: a Python scaffold (an uncaught exception is a crash). ``tmux``: it drives
+    tmux: the image's tmux or else the bundle's (``tools/bin``), a socket folder of its own
+    (``TMUX_TMPDIR``), and its server ended afterwards.
+    """
+    bundle = adapter.bundle()
+    root = await bundle_root(sandbox, bundle)
+    command, env = adapter.command(root, endpoint)
+    cleanup = None
+    if tmux:
+        path = f'PATH="$PATH:{root}/tools/bin"'
+        command = f"export {path}; mkdir -p {TMUX_TMPDIR} && {command}"
+        env = {"TMUX_TMPDIR": TMUX_TMPDIR, **env}
+        cleanup = f"{path} TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server"
+    return await run_headless(
+        sandbox,
+        command=command,
+        env=env,
+        timeout_s=timeout_s,
+        bundle=bundle,
+        files={"instruction.md": instruction, **(files or {})},
+        logs_from=logs_from,
+        cleanup=cleanup,
+        crash_markers=[PYTHON_CRASH] if python else (),
+    )

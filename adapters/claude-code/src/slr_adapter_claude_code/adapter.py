@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
-
 from attrs import frozen
 
 from slr import bundles
 from slr.bundle_recipes import npm_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, anthropic_base_url, bundle_root, run_headless
+from slr.headless import AGENT_DIR, INSTRUCTION_ARG, anthropic_base_url, run_scaffold, shell_line
 
 
 @frozen(kw_only=True)
@@ -59,11 +57,7 @@ class ClaudeCode:
         if c.max_turns:
             argv += ["--max-turns", str(c.max_turns)]
         argv += c.extra_args
-        # The instruction comes from a file: no quoting or argument-length limits.
-        command = (
-            " ".join(shlex.quote(a) for a in argv)
-            + f' -- "$(cat {AGENT_DIR}/instruction.md)" </dev/null'
-        )
+        command = shell_line(argv, "--", INSTRUCTION_ARG)
         env = {
             "ANTHROPIC_BASE_URL": anthropic_base_url(endpoint.base_url),
             "ANTHROPIC_API_KEY": endpoint.api_key,
@@ -87,15 +81,12 @@ class ClaudeCode:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        bundle = self.bundle()
-        command, env = self.command(await bundle_root(sandbox, bundle), endpoint)
-        return await run_headless(
+        return await run_scaffold(
+            self,
             sandbox,
-            command=command,
-            env=env,
+            instruction,
+            endpoint,
             timeout_s=timeout_s,
-            bundle=bundle,
-            files={"instruction.md": instruction},
             logs_from=[f"{AGENT_DIR}/claude/projects"],
         )
 

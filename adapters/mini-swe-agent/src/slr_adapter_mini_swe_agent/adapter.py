@@ -10,11 +10,11 @@ from typing import Literal
 from attrs import frozen, validators
 
 from slr import bundles
-from slr.bundle_recipes import python_bin, python_env, python_packages
+from slr.bundle_recipes import python_bin, python_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
 from slr.errors import UsageError
-from slr.headless import AGENT_DIR, PYTHON_CRASH, bundle_root, openai_base_url, run_headless
+from slr.headless import AGENT_DIR, openai_base_url, python_scaffold_env, run_scaffold
 
 # mini's own configs: actions as fenced bash blocks in the text, or as `bash` tool calls.
 _CONFIGS = {
@@ -111,12 +111,11 @@ class MiniSweAgent:
             + f' --task "$(cat {AGENT_DIR}/instruction.md)" </dev/null'
         )
         env = {
-            **python_env(root),
+            **python_scaffold_env(root),
             "MSWEA_CONFIGURED": "true",  # skip the first-run setup prompt
             "MSWEA_GLOBAL_CONFIG_DIR": f"{AGENT_DIR}/mini",
             "MSWEA_COST_TRACKING": "ignore_errors",
             "MSWEA_SILENT_STARTUP": "1",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             # TERM unset makes rich print plain text into the logs
             "TERM": "dumb",
             **c.env,
@@ -126,18 +125,13 @@ class MiniSweAgent:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        bundle = self.bundle()
-        command, env = self.command(await bundle_root(sandbox, bundle), endpoint)
-        files = {"instruction.md": instruction}
-        if self.config_text is not None:
-            files[_USER_CONFIG] = self.config_text
-        return await run_headless(
+        return await run_scaffold(
+            self,
             sandbox,
-            command=command,
-            env=env,
+            instruction,
+            endpoint,
             timeout_s=timeout_s,
-            bundle=bundle,
-            crash_markers=[PYTHON_CRASH],
-            files=files,
+            files={} if self.config_text is None else {_USER_CONFIG: self.config_text},
+            python=True,
             logs_from=[f"{AGENT_DIR}/mini/trajectory.json"],
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 
 from attrs import frozen
 
@@ -11,7 +10,7 @@ from slr import bundles
 from slr.bundle_recipes import npm_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, bundle_root, openai_base_url, run_headless
+from slr.headless import AGENT_DIR, INSTRUCTION_ARG, openai_base_url, run_scaffold, shell_line
 
 PROVIDER = "slr"
 
@@ -89,10 +88,7 @@ class OpenCode:
             "--model", f"{PROVIDER}/{endpoint.model}",
             *c.extra_args,
         ]  # fmt: skip
-        command = (
-            " ".join(shlex.quote(a) for a in argv)
-            + f' -- "$(cat {AGENT_DIR}/instruction.md)" </dev/null'
-        )
+        command = shell_line(argv, "--", INSTRUCTION_ARG)
         xdg = f"{AGENT_DIR}/xdg"
         env = {
             "OPENCODE_CONFIG_CONTENT": json.dumps(self.opencode_config(endpoint)),
@@ -113,15 +109,12 @@ class OpenCode:
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        bundle = self.bundle()
-        command, env = self.command(await bundle_root(sandbox, bundle), endpoint)
-        return await run_headless(
+        return await run_scaffold(
+            self,
             sandbox,
-            command=command,
-            env=env,
+            instruction,
+            endpoint,
             timeout_s=timeout_s,
-            bundle=bundle,
-            files={"instruction.md": instruction},
             logs_from=[
                 f"{AGENT_DIR}/xdg/data/opencode/log",
                 f"{AGENT_DIR}/xdg/data/opencode/storage",

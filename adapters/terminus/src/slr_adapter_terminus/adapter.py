@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import json
-from importlib.resources import files
-
 from attrs import frozen, validators
 
 from slr import bundles
-from slr.bundle_recipes import host_tool, python_bin, python_env, python_packages
+from slr.bundle_recipes import host_tool, python_bin, python_packages
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, PYTHON_CRASH, bundle_root, openai_base_url, run_headless
-
-# Its tmux server gets a socket folder of its own, so the adapter can end it afterwards.
-TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
+from slr.headless import (
+    AGENT_DIR,
+    driver_command,
+    driver_files,
+    openai_base_url,
+    python_scaffold_env,
+    run_scaffold,
+)
 
 
 @frozen(kw_only=True)
@@ -68,39 +69,22 @@ class Terminus:
 
     def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
         """The command line and environment, with the bundle at ``root`` in the sandbox."""
-        python = python_bin(root, self.config.python)
-        command = f"{python} {AGENT_DIR}/driver.py {AGENT_DIR}/settings.json </dev/null"
-        env = {
-            **python_env(root),
-            "OPENAI_API_KEY": endpoint.api_key,
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "TMUX_TMPDIR": TMUX_TMPDIR,
-            **self.config.env,
-        }
-        return command, env
+        env = {**python_scaffold_env(root), "OPENAI_API_KEY": endpoint.api_key, **self.config.env}
+        return driver_command(python_bin(root, self.config.python)), env
 
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
-        bundle = self.bundle()
-        root = await bundle_root(sandbox, bundle)
-        command, env = self.command(root, endpoint)
-        driver = files("slr_adapter_terminus").joinpath("driver.py").read_text()
-        return await run_headless(
+        return await run_scaffold(
+            self,
             sandbox,
-            # the bundle's tmux, unless the image has its own
-            command=f'export PATH="$PATH:{root}/tools/bin"; mkdir -p {TMUX_TMPDIR} && {command}',
-            env=env,
+            instruction,
+            endpoint,
             timeout_s=timeout_s,
-            bundle=bundle,
-            crash_markers=[PYTHON_CRASH],
-            files={
-                "instruction.md": instruction,
-                "driver.py": driver,
-                "settings.json": json.dumps(self.settings(endpoint)),
-            },
+            python=True,
+            tmux=True,  # it types its commands into a tmux session
+            files=driver_files("slr_adapter_terminus", self.settings(endpoint)),
             logs_from=[f"{AGENT_DIR}/terminus"],
-            cleanup=f'PATH="$PATH:{root}/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server',
         )
 
 

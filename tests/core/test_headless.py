@@ -1,0 +1,123 @@
+"""slr.headless.run_scaffold, the adapters' shared run, in a real local sandbox (bubblewrap).
+
+The "scaffold" here is a line of shell: what is under test is the helper's part (the bundle
+found where it is mounted, the instruction and files uploaded, the command's environment,
+crash detection, tmux set-up and cleanup, the logs and the bundle's version collected).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from slr_backend_local import LocalBackendConfig
+from slr_backend_local.backend import LocalBackend
+
+from slr.contracts import Bundle, Endpoint
+from slr.headless import (
+    AGENT_DIR,
+    INSTRUCTION_ARG,
+    TMUX_TMPDIR,
+    ScaffoldCrashed,
+    run_scaffold,
+    shell_line,
+)
+from slr.tasks import load_task
+from slr.trial import BUNDLE_MOUNT
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+ENDPOINT = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+
+
+class ShellScaffold:
+    """An adapter whose scaffold is ``script`` (shell), run from its bundle folder."""
+
+    def __init__(self, bundle: Path, script: str) -> None:
+        self.path, self.script = bundle, script
+
+    def bundle(self) -> Bundle:
+        return Bundle(path=self.path, version="7.1")
+
+    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        return shell_line(["bash", f"{root}/run.sh", endpoint.model], INSTRUCTION_ARG), {
+            "SLR_TEST_KEY": endpoint.api_key
+        }
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    root = tmp_path_factory.mktemp("headless")
+    b = LocalBackend(
+        LocalBackendConfig(
+            isolation="bubblewrap", workspace_dir=str(root / "ws"), cache_dir=str(root / "cache")
+        )
+    )
+    yield b
+    asyncio.run(b.close())
+
+
+def run(backend, tmp_path, script: str, **kw):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir(exist_ok=True)
+    (bundle / "run.sh").write_text(script)
+    adapter = ShellScaffold(bundle, script)
+
+    async def go():
+        sandbox = await backend.start(
+            load_task(EXAMPLES / "hello-world"),
+            trial_id=f"headless-{tmp_path.name[-8:]}",
+            labels={"slr.test": "headless"},
+            mounts={bundle: BUNDLE_MOUNT},
+        )
+        try:
+            return await run_scaffold(adapter, sandbox, "say hi", ENDPOINT, timeout_s=60, **kw)
+        finally:
+            await sandbox.stop()
+
+    return asyncio.run(go())
+
+
+def test_shell_line_quotes_the_argv_and_closes_stdin():
+    line = shell_line(["a b", "c'd"], "--", INSTRUCTION_ARG)
+    assert line == f"'a b' 'c'\"'\"'d' -- {INSTRUCTION_ARG} </dev/null"
+
+
+def test_run_scaffold_uploads_runs_and_collects(backend, tmp_path):
+    script = (
+        'echo "model=$1 task=$2 key=$SLR_TEST_KEY"; '
+        f"cat {AGENT_DIR}/extra.txt; echo log-line > {AGENT_DIR}/own.log"
+    )
+    outcome = run(
+        backend,
+        tmp_path,
+        script,
+        files={"extra.txt": "extra file\n"},
+        logs_from=[f"{AGENT_DIR}/own.log"],
+    )
+    assert outcome.exit_code == 0 and not outcome.timed_out
+    assert "model=m task=say hi key=k" in outcome.logs["stdout"]
+    assert "extra file" in outcome.logs["stdout"]
+    assert outcome.logs[f"{AGENT_DIR}/own.log"] == "log-line\n"
+    assert json.loads(outcome.logs["bundle"])["version"] == "7.1"
+
+
+def test_a_python_traceback_is_a_crash_only_for_a_python_scaffold(backend, tmp_path):
+    script = "echo 'Traceback (most recent call last):' >&2; exit 1"
+    outcome = run(backend, tmp_path, script)
+    assert outcome.exit_code == 1  # an ordinary non-zero exit
+    with pytest.raises(ScaffoldCrashed, match="Traceback"):
+        run(backend, tmp_path, script, python=True)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="the host has no tmux")
+def test_tmux_gets_its_own_socket_folder(backend, tmp_path):
+    script = 'echo "tmpdir=$TMUX_TMPDIR"; tmux new-session -d -s t "sleep 600"; tmux ls'
+    outcome = run(backend, tmp_path, script, tmux=True)
+    assert f"tmpdir={TMUX_TMPDIR}" in outcome.logs["stdout"]
+    assert "t: 1 windows" in outcome.logs["stdout"], outcome.logs
+    # (whether the cleanup's kill-server is needed depends on the backend: bubblewrap ends
+    # every process of an exec with it; the adapters' conformance suite checks no scaffold
+    # process outlives its run on docker too)
