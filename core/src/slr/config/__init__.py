@@ -48,7 +48,9 @@ class RunSection:
     runs_dir: Path = option(Path("runs"), doc="Folder that holds one sub-folder per run.")
     seed: int = option(0, doc="Seed for task order, sampling and initialisation.")
     steps: int = option(
-        1, doc="Optimizer steps to run (0: roll out and record only).", validator=validators.ge(0)
+        1,
+        doc="Optimizer steps to run (a step: roll out, update, sync). To roll out without training, use `slr eval`.",
+        validator=validators.ge(1),
     )
     checkpoint_every: int = option(
         1, doc="Write a checkpoint every N steps.", validator=validators.ge(1)
