@@ -137,3 +137,55 @@ def test_sigkill_then_resume_loses_nothing_counts_nothing_twice(tmp_path, tiny_m
     # every trial recorded before the kill is kept as it was, none re-run
     assert {k: after[k] for k in before} == before
     assert json.loads((run.latest_checkpoint() / "loop.json").read_text())["step"] == 3
+
+
+@pytest.fixture(scope="module")
+def wide_model_dir(tmp_path_factory) -> Path:
+    """Wide enough (~25 M parameters, ~100 MB) that writing a checkpoint takes a while."""
+    from slr_engine_hf import tiny
+
+    model, tok = tiny.tiny_model(hidden=256, layers=1, heads=4, kv_heads=2)
+    return tiny.save(model, tok, tmp_path_factory.mktemp("wide") / "model")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_checkpoint_then_resume_from_the_previous_one(tmp_path, wide_model_dir):
+    cfg = write_config(tmp_path / "run.toml", wide_model_dir, steps=3)
+    proc = subprocess.Popen(
+        [SLR, "run", "-c", str(cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    runs = tmp_path / "runs"
+    deadline = time.monotonic() + 300
+
+    def writing_step_2() -> bool:
+        # step 2's checkpoint is being written: its folder exists without COMPLETE
+        if not runs.exists() or not any(runs.iterdir()):
+            return False
+        ckpts = next(runs.iterdir()) / "checkpoints"
+        partial = ckpts / "step-000002.partial"
+        final = ckpts / "step-000002"
+        return partial.exists() or (final.exists() and not (final / "COMPLETE").exists())
+
+    while not writing_step_2():
+        assert proc.poll() is None, "the run ended before its second checkpoint was written"
+        assert time.monotonic() < deadline, "the second checkpoint was never started"
+        time.sleep(0.005)  # polling a file, not synchronising on time
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    run = only_run(runs)
+    # the torn checkpoint does not count: resume starts after step 1
+    assert run.latest_checkpoint() == run.checkpoint_dir(1)
+    before = {p.name: p.read_bytes() for p in (run.path / "trials").glob("*.json")}
+    res = slr("run", "--resume", str(run.path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = RunDir.open(run.path)
+    check_consistent(run, steps=3, per_step=4)
+    after = {p.name: p.read_bytes() for p in (run.path / "trials").glob("*.json")}
+    # step 2's trials were made by step 1's weights, still the newest complete checkpoint:
+    # they are kept as they were and not run again
+    assert {k: after[k] for k in before} == before
+    assert not list((run.path / "checkpoints").glob("*.partial"))
