@@ -67,6 +67,28 @@ def only_run(runs: Path) -> RunDir:
     return RunDir.open(path)
 
 
+def run_and_kill_when(cfg: Path, runs: Path, reached, *, what: str) -> RunDir:
+    """Start `slr run`, SIGKILL its whole process group once ``reached(run_path)``."""
+    proc = subprocess.Popen(
+        [SLR, "run", "-c", str(cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+
+    def ready() -> bool:
+        return runs.exists() and any(runs.iterdir()) and reached(next(runs.iterdir()))
+
+    while not ready():
+        assert proc.poll() is None, f"the run ended before {what}"
+        assert time.monotonic() < deadline, f"{what} never came"
+        time.sleep(0.005)  # polling a file, not synchronising on time
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return only_run(runs)
+
+
 def check_consistent(run: RunDir, *, steps: int, per_step: int) -> None:
     metrics = run.metrics()
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
@@ -101,33 +123,15 @@ def test_run_then_resume_for_more_steps(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("kill_at", ["mid-rollout", "checkpoint-written", "mid-update"])
 def test_sigkill_then_resume_loses_nothing_counts_nothing_twice(tmp_path, tiny_model_dir, kill_at):
     cfg = write_config(tmp_path / "run.toml", tiny_model_dir, steps=3)
-    proc = subprocess.Popen(
-        [SLR, "run", "-c", str(cfg)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    runs = tmp_path / "runs"
-    deadline = time.monotonic() + 300
 
-    def reached() -> bool:
-        if not runs.exists() or not any(runs.iterdir()):
-            return False
-        path = next(runs.iterdir())
+    def reached(path: Path) -> bool:
         if kill_at == "mid-rollout":  # a step-2 trial is recorded, the step is not done
             return any(path.glob("trials/s00002-*.json"))
         if kill_at == "mid-update":  # all of step 2's trials are recorded
             return len(list(path.glob("trials/s00002-*.json"))) == 4
         return (path / "checkpoints" / "step-000001" / "COMPLETE").exists()
 
-    while not reached():
-        assert proc.poll() is None, "the run ended before the kill point"
-        assert time.monotonic() < deadline, "the kill point was never reached"
-        time.sleep(0.01)  # polling a file, not synchronising on time
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-    run = only_run(runs)
+    run = run_and_kill_when(cfg, tmp_path / "runs", reached, what=kill_at)
     before = {p.name: p.read_bytes() for p in (run.path / "trials").glob("*.json")}
     res = slr("run", "--resume", str(run.path))
     assert res.returncode == 0, res.stderr[-3000:]
@@ -151,32 +155,14 @@ def wide_model_dir(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_sigkill_mid_checkpoint_then_resume_from_the_previous_one(tmp_path, wide_model_dir):
     cfg = write_config(tmp_path / "run.toml", wide_model_dir, steps=3)
-    proc = subprocess.Popen(
-        [SLR, "run", "-c", str(cfg)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    runs = tmp_path / "runs"
-    deadline = time.monotonic() + 300
 
-    def writing_step_2() -> bool:
+    def writing_step_2(path: Path) -> bool:
         # step 2's checkpoint is being written: its folder exists without COMPLETE
-        if not runs.exists() or not any(runs.iterdir()):
-            return False
-        ckpts = next(runs.iterdir()) / "checkpoints"
-        partial = ckpts / "step-000002.partial"
-        final = ckpts / "step-000002"
+        partial = path / "checkpoints" / "step-000002.partial"
+        final = path / "checkpoints" / "step-000002"
         return partial.exists() or (final.exists() and not (final / "COMPLETE").exists())
 
-    while not writing_step_2():
-        assert proc.poll() is None, "the run ended before its second checkpoint was written"
-        assert time.monotonic() < deadline, "the second checkpoint was never started"
-        time.sleep(0.005)  # polling a file, not synchronising on time
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-    run = only_run(runs)
+    run = run_and_kill_when(cfg, tmp_path / "runs", writing_step_2, what="the 2nd checkpoint")
     # the torn checkpoint does not count: resume starts after step 1
     assert run.latest_checkpoint() == run.checkpoint_dir(1)
     before = {p.name: p.read_bytes() for p in (run.path / "trials").glob("*.json")}

@@ -22,20 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 
 from slr.config import Config, load_config
 from slr.contracts import SamplingParams, TrialResult
 from slr.errors import UsageError
-from slr.loop import build_plugin
+from slr.loop import build_plugin, record_trial
 from slr.passk import summarize
 from slr.plugins import PluginManager, get_plugin_manager
 from slr.proxy import Proxy, ProxySessions
 from slr.runs import RunDir, atomic_write
 from slr.tasks import Task, load_tasks
 from slr.trial import StandInSessions, run_trial, run_trials
-
-log = structlog.get_logger()
 
 SUMMARY = "eval.json"
 _WHAT_TO_PASS = (
@@ -287,17 +284,7 @@ class Evaluation:
                 group_id=task.id,
             )
             result = attrs.evolve(result, weights_version=self.weights_version)
-            self.run.write_trial(result)
-            log.info(
-                "trial done",
-                trial_id=tid,
-                termination=result.termination.value,
-                reward=None if result.reward is None else result.reward.value,
-            )
-            try:
-                self.plugins.hook.on_trial_finished(run_dir=self.run, trial=result)
-            except Exception:
-                log.exception("event hook failed", hook="on_trial_finished")
+            record_trial(self.run, self.plugins, result)
             return result
 
         return job

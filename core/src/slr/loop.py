@@ -103,6 +103,18 @@ def _emit(plugins: PluginManager, hook: str, **kwargs: Any) -> None:
         log.exception("event hook failed", hook=hook)
 
 
+def record_trial(run: RunDir, plugins: PluginManager, result: TrialResult) -> None:
+    """A finished trial: written once to the run directory, logged, announced to plugins."""
+    run.write_trial(result)
+    log.info(
+        "trial done",
+        trial_id=result.trial_id,
+        termination=result.termination.value,
+        reward=None if result.reward is None else result.reward.value,
+    )
+    _emit(plugins, "on_trial_finished", run_dir=run, trial=result)
+
+
 class Loop:
     def __init__(self, config: Config, run: RunDir, plugins: PluginManager) -> None:
         self.config, self.run, self.plugins = config, run, plugins
@@ -183,14 +195,7 @@ class Loop:
                 step=step,
             )
             result = attrs.evolve(result, weights_version=self.parts.engine.weights_version)
-            self.run.write_trial(result)
-            log.info(
-                "trial done",
-                trial_id=tid,
-                termination=result.termination.value,
-                reward=None if result.reward is None else result.reward.value,
-            )
-            _emit(self.plugins, "on_trial_finished", run_dir=self.run, trial=result)
+            record_trial(self.run, self.plugins, result)
             return result
 
         return job
