@@ -127,13 +127,13 @@ class LocalSandbox:
                 out, err = await asyncio.wait_for(asyncio.shield(comm), timeout=timeout_s)
             except TimeoutError:
                 timed_out = True
-                _kill_group(proc)
+                self._kill(proc)
                 try:
                     out, err = await asyncio.wait_for(comm, timeout=10)
                 except TimeoutError:  # without bubblewrap, an escaped child may hold the pipes
                     out, err = b"", b"(output lost: a process outlived the timeout)"
         except asyncio.CancelledError:
-            _kill_group(proc)
+            self._kill(proc)
             raise
         finally:
             self._procs.discard(proc)
@@ -152,7 +152,16 @@ class LocalSandbox:
         """Kill what is still running. Under bubblewrap each command has its own pid
         namespace, so nothing outlives its command; this ends the commands themselves."""
         for proc in list(self._procs):
-            _kill_group(proc)
+            self._kill(proc)
+
+    def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        # bubblewrap's init inside the sandbox starts its own session (--new-session), so a
+        # group kill misses it, its --die-with-parent does not always fire, and it keeps the
+        # output pipes open (reading them would wait forever): kill the whole tree by pid.
+        for pid in reversed(_tree(proc.pid)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        _kill_group(proc)
 
     async def upload(self, src: Path, dest: str) -> None:
         self._check()
@@ -215,6 +224,16 @@ class LocalSandbox:
         if self.link is not None:
             self.link.remove()
         await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, parents first (read from /proc)."""
+    pids = [pid]
+    for parent in pids:
+        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.extend(int(c) for c in children.read_text().split())
+    return pids
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
