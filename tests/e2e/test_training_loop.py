@@ -101,6 +101,19 @@ def check_consistent(run: RunDir, *, steps: int, per_step: int) -> None:
     assert run.latest_checkpoint() == run.checkpoint_dir(steps)
 
 
+def resume_to_the_end(run: RunDir) -> RunDir:
+    """`slr run --resume` a killed 3-step run: consistent, and every trial recorded before
+    the kill kept byte for byte (none re-run)."""
+    before = {p.name: p.read_bytes() for p in (run.path / "trials").glob("*.json")}
+    res = slr("run", "--resume", str(run.path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = RunDir.open(run.path)
+    check_consistent(run, steps=3, per_step=4)
+    after = {p.name: p.read_bytes() for p in (run.path / "trials").glob("*.json")}
+    assert {k: after[k] for k in before} == before
+    return run
+
+
 @pytest.mark.slow
 def test_run_then_resume_for_more_steps(tmp_path, tiny_model_dir):
     cfg = write_config(tmp_path / "run.toml", tiny_model_dir, steps=2)
@@ -132,14 +145,7 @@ def test_sigkill_then_resume_loses_nothing_counts_nothing_twice(tmp_path, tiny_m
         return (path / "checkpoints" / "step-000001" / "COMPLETE").exists()
 
     run = run_and_kill_when(cfg, tmp_path / "runs", reached, what=kill_at)
-    before = {p.name: p.read_bytes() for p in (run.path / "trials").glob("*.json")}
-    res = slr("run", "--resume", str(run.path))
-    assert res.returncode == 0, res.stderr[-3000:]
-    run = RunDir.open(run.path)
-    check_consistent(run, steps=3, per_step=4)
-    after = {p.name: p.read_bytes() for p in (run.path / "trials").glob("*.json")}
-    # every trial recorded before the kill is kept as it was, none re-run
-    assert {k: after[k] for k in before} == before
+    run = resume_to_the_end(run)
     assert json.loads((run.latest_checkpoint() / "loop.json").read_text())["step"] == 3
 
 
@@ -165,13 +171,6 @@ def test_sigkill_mid_checkpoint_then_resume_from_the_previous_one(tmp_path, wide
     run = run_and_kill_when(cfg, tmp_path / "runs", writing_step_2, what="the 2nd checkpoint")
     # the torn checkpoint does not count: resume starts after step 1
     assert run.latest_checkpoint() == run.checkpoint_dir(1)
-    before = {p.name: p.read_bytes() for p in (run.path / "trials").glob("*.json")}
-    res = slr("run", "--resume", str(run.path))
-    assert res.returncode == 0, res.stderr[-3000:]
-    run = RunDir.open(run.path)
-    check_consistent(run, steps=3, per_step=4)
-    after = {p.name: p.read_bytes() for p in (run.path / "trials").glob("*.json")}
-    # step 2's trials were made by step 1's weights, still the newest complete checkpoint:
-    # they are kept as they were and not run again
-    assert {k: after[k] for k in before} == before
+    # step 2's trials were made by step 1's weights, still the newest complete checkpoint
+    run = resume_to_the_end(run)
     assert not list((run.path / "checkpoints").glob("*.partial"))
