@@ -16,7 +16,19 @@ out=${QUICKSTART_OUT:-runs/quickstart-$(date -u +%Y%m%d-%H%M%S)}
 started=$(date +%s)
 stamp() { echo "==> [$(( $(date +%s) - started ))s] $*"; }
 
-# 1. Set up only what the quickstart needs: the venv, the model, the mini-swe-agent bundle.
+# 1. Set up only what the quickstart needs: bubblewrap (its sandboxes), the venv, the model,
+#    the mini-swe-agent bundle.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    stamp "installing bubblewrap (the local sandboxes' isolation): apt-get install bubblewrap"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "The quickstart's sandboxes need bubblewrap, which is not installed. Install it," >&2
+    echo "then run this again:  sudo apt-get install bubblewrap   (Fedora: sudo dnf install bubblewrap)" >&2
+    exit 1
+  fi
+fi
 if [ ! -x "$slr" ]; then
   stamp "setting up .venv (scripts/setup)"
   bash scripts/setup

