@@ -29,8 +29,8 @@ from slr_adapter_opencode.adapter import OpenCode
 from slr_adapter_openhands.adapter import OpenHands
 from slr_adapter_terminus.adapter import Terminus
 
-from slr.contracts import TerminationReason
 from slr import checkpoints
+from slr.contracts import TerminationReason
 from slr.runs import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]

@@ -29,7 +29,11 @@ def test_a_checkpoint_is_written_whole_with_its_state_and_marker(tmp_path):
         "weights.bin",
     ]
     state = checkpoints.read_state(path)
-    assert (state.step, dict(state.metrics), state.servable_weights) == (3, {"reward/mean": 0.5}, None)
+    assert (state.step, dict(state.metrics), state.servable_weights) == (
+        3,
+        {"reward/mean": 0.5},
+        None,
+    )
     assert not list((run.path / "checkpoints").glob("*" + checkpoints.PARTIAL_SUFFIX))
 
 

@@ -16,8 +16,8 @@ from slr_verifier_harbor.verifier import HarborVerifier
 
 from slr import hookimpl
 from slr.config import Config, load_config
-from slr.plugins import get_plugin_manager
 from slr.contracts import AgentOutcome
+from slr.plugins import get_plugin_manager
 from slr.rollout import RolloutSession, TrialSpec
 from slr.runs import RunDir
 from slr.tasks import load_task
@@ -26,17 +26,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
 
 class TrialCounter:
-    """Counts ``on_trial_finished`` per trial id; optionally runs ``then`` after each."""
+    """Counts ``on_trial_finished`` per trial id."""
 
-    def __init__(self, then=None):
+    def __init__(self):
         self.calls: Counter[str] = Counter()
-        self.then = then
 
     @hookimpl
     def on_trial_finished(self, run_dir, trial):
         self.calls[trial.trial_id] += 1
-        if self.then is not None:
-            self.then(trial)
 
 
 class ClosingSpy:
@@ -83,16 +80,15 @@ def specs(n: int) -> list[TrialSpec]:
     return [TrialSpec(task=task, trial_id=f"t{i}", group_id="g", step=1) for i in range(n)]
 
 
-def session(run, plugins, backend, agent=None, **kw) -> RolloutSession:
+def session(run, plugins, backend, agent=None, concurrency=2) -> RolloutSession:
     return RolloutSession(
         run,
         plugins=plugins.manager,
-        config=config(),
+        config=config(rollout={"concurrency": concurrency}),
         backend=backend,
         agent=agent or OracleAgent(),
         verifier=HarborVerifier(),
         tasks=[s.task for s in specs(1)],
-        **kw,
     )
 
 
@@ -133,39 +129,40 @@ def test_duplicate_ids_are_refused_before_anything_runs(tmp_path, slr_plugins, c
 
 
 class _BlocksOnSecond(NopAgent):
-    """Finishes the first trial at once; every later one waits forever (until cancelled)."""
+    """Finishes the first trial at once; the second calls ``on_block`` and waits forever."""
 
-    def __init__(self):
-        self.runs = 0
+    def __init__(self, on_block):
+        self.runs, self.on_block = 0, on_block
 
     async def run(self, sandbox, instruction, endpoint, *, timeout_s):
         self.runs += 1
         if self.runs > 1:
+            self.on_block()
             await asyncio.Event().wait()
         return AgentOutcome(exit_code=0)
 
 
 @pytest.mark.timeout(120)
-def test_cancellation_records_only_finished_trials_and_resume_runs_the_rest(
-    tmp_path, slr_plugins
-):
+def test_cancellation_records_only_finished_trials_and_resume_runs_the_rest(tmp_path, slr_plugins):
     run = RunDir.create(tmp_path / "runs", "r", "")
     backend = ClosingSpy(tmp_path)
 
     async def cancelled():
         main = asyncio.current_task()
-        # the first recorded trial cancels the whole session, as Ctrl-C would
-        counter = TrialCounter(then=lambda trial: main.cancel())
-        slr_plugins.register(counter, name="canceller")
+        counter = TrialCounter()
+        slr_plugins.register(counter, name="before")
+        # one trial at a time: t0 ends and is recorded; t1's agent phase is under way when
+        # the whole session is cancelled, as Ctrl-C does; t2 never starts
+        agent = _BlocksOnSecond(on_block=main.cancel)
         with pytest.raises(asyncio.CancelledError):
-            async with session(run, slr_plugins, backend, agent=_BlocksOnSecond()) as s:
+            async with session(run, slr_plugins, backend, agent=agent, concurrency=1) as s:
                 await s.run(specs(3))
-        slr_plugins.manager.unregister(counter)
+        slr_plugins.manager.unregister_plugin("before")
         return counter
 
     before = asyncio.run(cancelled())
     assert backend.closed == 1, "a cancelled session still closes the backend"
-    assert sum(before.calls.values()) == 1 and before.calls == recorded_files(run)
+    assert before.calls == recorded_files(run) == Counter({"t0": 1})
     assert list(backend.inner.workspace_dir.iterdir()) == [], "a sandbox outlived the cancel"
 
     after = TrialCounter()
@@ -232,7 +229,10 @@ def test_a_served_session_is_recorded_once_without_reward(tmp_path, counter):
 
     async def go():
         async with RolloutSession(
-            run, plugins=get_plugin_manager(), config=config(rollout={"max_tokens": 4}), engine=engine
+            run,
+            plugins=get_plugin_manager(),
+            config=config(rollout={"max_tokens": 4}),
+            engine=engine,
         ) as s:
             opened = s.open_session("session-0")
             client = openai.AsyncOpenAI(

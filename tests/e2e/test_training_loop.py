@@ -6,7 +6,6 @@ tests/adapters runs real scaffolds through the same loop pieces.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -110,4 +110,3 @@ def _is_tied(model: nn.Module, key: str, loaded: Mapping[str, torch.Tensor]) -> 
     if key not in params:
         return False
     return any(other in loaded and params[other] is params[key] for other in params if other != key)
-
