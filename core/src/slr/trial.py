@@ -148,6 +148,8 @@ async def run_trials(
     """Run trial thunks with at most ``concurrency`` at once, results in job order.
 
     With ``label``, a progress bar on stderr counts finished trials (only on a terminal).
+    Cancelled (or a job raising), it cancels the other jobs and returns only once all of
+    them have ended, each trial's sandbox stopped.
     """
     jobs = list(jobs)
     sem = asyncio.Semaphore(concurrency)
@@ -167,7 +169,17 @@ async def run_trials(
             progress.advance(bar)
             return result
 
-        return list(await asyncio.gather(*(one(j) for j in jobs)))
+        tasks = [asyncio.ensure_future(one(j)) for j in jobs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            # gather returns at the first cancelled or failed job while the others still
+            # run: cancel them and wait until every trial has stopped its sandbox, so the
+            # caller (which closes the backend next) never outlives a trial's cleanup
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
 
 class _Trial:
