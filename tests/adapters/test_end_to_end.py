@@ -29,6 +29,7 @@ from slr_adapter_opencode.adapter import OpenCode
 from slr_adapter_openhands.adapter import OpenHands
 from slr_adapter_terminus.adapter import Terminus
 
+from slr import checkpoints
 from slr.contracts import TerminationReason
 from slr.runs import RunDir
 
@@ -171,7 +172,7 @@ def test_slr_run_earns_reward_one(scaffold, backend_name, tmp_path, request):
     (metrics,) = run.metrics()
     assert metrics["step"] == 1 and metrics["weights_version"] == 1
     assert metrics["reward/mean"] == 1.0
-    assert run.latest_checkpoint() == run.checkpoint_dir(1)
+    assert checkpoints.latest_checkpoint(run) == checkpoints.checkpoint_dir(run, 1)
     if docker is not None:  # the run removed its sandboxes
         left = docker.client.containers.list(all=True, filters={"label": f"slr.run={run.id}"})
         assert left == [], [c.name for c in left]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from slr import checkpoints
+from slr.checkpoints import resolve_checkpoint
 from slr.errors import UsageError
-from slr.evaluation import resolve_checkpoint
 from slr.runs import RunDir
 
 
@@ -16,15 +16,29 @@ def make_run(tmp_path: Path) -> RunDir:
     return RunDir.create(tmp_path / "runs", "r", "[run]\n")
 
 
-def make_checkpoint(run: RunDir, step: int, *, complete=True, policy=True) -> Path:
-    path = run.checkpoint_dir(step)
-    path.mkdir(parents=True)
-    (path / "loop.json").write_text(json.dumps({"step": step, "metrics": {}}))
-    if policy:
-        (path / "policy").mkdir()
-        (path / "policy" / "config.json").write_text("{}")
-    if complete:
-        (path / "COMPLETE").write_text("")
+class ModelFolderOptimizer:
+    """Writes what an optimizer with servable weights writes: a model folder of its choice."""
+
+    def __init__(self, weights: str | None = "weights"):
+        self.weights = weights
+
+    def save(self, path: Path) -> None:
+        (path / "state.bin").write_bytes(b"x")
+        if self.weights:
+            (path / self.weights).mkdir()
+            (path / self.weights / "config.json").write_text("{}")
+
+    def servable_weights(self, path: Path) -> Path | None:
+        return None if self.weights is None else path / self.weights
+
+
+def make_checkpoint(run: RunDir, step: int, *, complete=True, weights="weights") -> Path:
+    opt = ModelFolderOptimizer(weights)
+    path = checkpoints.write_checkpoint(
+        run, step, save=opt.save, metrics={}, servable_weights=opt.servable_weights
+    )
+    if not complete:  # as a kill between the rename and the marker leaves it
+        (path / checkpoints.COMPLETE).unlink()
     return path
 
 
@@ -35,7 +49,8 @@ def test_a_run_folder_means_its_latest_complete_checkpoint(tmp_path):
     make_checkpoint(run, 3, complete=False)  # being written: not a candidate
     ckpt = resolve_checkpoint(run.path)
     assert (ckpt.path, ckpt.step, ckpt.run) == (second, 2, run.path)
-    assert ckpt.policy == second / "policy"
+    # where the weights are is the optimizer's to say, not a fixed folder name
+    assert ckpt.weights == second / "weights"
 
 
 def test_a_checkpoint_folder_is_taken_as_is(tmp_path):
@@ -55,9 +70,9 @@ def test_an_incomplete_checkpoint_is_refused_and_the_complete_one_named(tmp_path
     assert str(partial) in str(err.value) and str(done) in str(err.value)
 
 
-def test_a_checkpoint_without_policy_weights_is_refused(tmp_path):
-    path = make_checkpoint(make_run(tmp_path), 1, policy=False)
-    with pytest.raises(UsageError, match=r"no policy/ model folder") as err:
+def test_a_checkpoint_without_servable_weights_is_refused(tmp_path):
+    path = make_checkpoint(make_run(tmp_path), 1, weights=None)
+    with pytest.raises(UsageError, match=r"names no servable weights") as err:
         resolve_checkpoint(path)
     assert str(path) in str(err.value)
 

@@ -78,16 +78,6 @@ def test_open_rejects_a_folder_that_is_not_a_run(tmp_path):
         RunDir.open(tmp_path)
 
 
-def test_latest_checkpoint_ignores_incomplete(tmp_path):
-    run = RunDir.create(tmp_path, "exp", "")
-    for step, complete in ((1, True), (2, True), (3, False)):
-        d = run.checkpoint_dir(step)
-        d.mkdir()
-        if complete:
-            (d / "COMPLETE").write_text("")
-    assert run.latest_checkpoint() == run.checkpoint_dir(2)
-
-
 def test_atomic_write_survives_a_kill_mid_write(tmp_path):
     """A process killed while rewriting a file leaves the old content, never a torn one."""
     target = tmp_path / "state.json"

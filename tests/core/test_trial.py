@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import textwrap
 from pathlib import Path
@@ -14,9 +13,9 @@ from slr_backend_local import LocalBackendConfig
 from slr_backend_local.backend import LocalBackend
 from slr_verifier_harbor.verifier import HarborVerifier
 
-from slr import hookimpl
-from slr.contracts import AgentOutcome, Bundle, TerminationReason, TrialResult, from_dict
+from slr.contracts import AgentOutcome, Bundle, TerminationReason, TrialResult
 from slr.runs import RunDir
+from slr.sandboxing import labels as labels_mod
 from slr.tasks import load_task
 from slr.trial import StandInSessions, run_trial
 
@@ -127,14 +126,37 @@ def test_planted_reward_and_tests_are_wiped_before_verification(backend):
     assert r.termination == T.COMPLETED and r.reward.value == 0.0
 
 
-def test_trial_is_recorded_in_the_run_directory(backend, tmp_path):
-    run = RunDir.create(tmp_path / "runs", "t", "")
-    r = trial(backend, load_task(EXAMPLES / "hello-world"), run_dir=run, group_id="g1", step=3)
-    stored = from_dict(
-        json.loads((run.path / "trials" / f"{r.trial_id}.json").read_text()), TrialResult
+class _LabelSpy:
+    """The real backend, remembering the labels each sandbox was started with."""
+
+    def __init__(self, inner):
+        self.inner, self.labels = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def start(self, task, *, trial_id, labels, **kw):
+        self.labels.append(dict(labels))
+        return await self.inner.start(task, trial_id=trial_id, labels=labels, **kw)
+
+
+def test_the_trial_writes_nothing_and_labels_its_sandbox(backend, tmp_path):
+    spy = _LabelSpy(backend)
+    r = trial(
+        spy,
+        load_task(EXAMPLES / "hello-world"),
+        trial_id="t-1",
+        run_id="run-7",
+        labels={"team": "a", labels_mod.TRIAL: "spoofed"},
+        group_id="g1",
+        step=3,
     )
-    assert stored == r and stored.group_id == "g1" and stored.step == 3
-    assert stored.reward.value == 1.0 and stored.agent is None
+    assert r.group_id == "g1" and r.step == 3 and r.reward.value == 1.0 and r.agent is None
+    assert spy.labels == [
+        {"team": "a", "slr.run_id": "run-7", "slr.trial_id": "t-1", "slr.task_id": "hello-world"}
+    ]
+    # recording is the rollout session's job (tests/core/test_rollout.py), not the runner's
+    assert not any(tmp_path.iterdir())
 
 
 class _Blocks(NopAgent):
@@ -208,22 +230,5 @@ def test_the_agent_bundle_is_mounted_read_only(backend, tmp_path):
     # the bundle's version is the trial's agent_version, and survives the run directory
     assert r.agent_version == "1"
     run = RunDir.create(tmp_path / "runs", "v", "")
-    r = trial(backend, load_task(EXAMPLES / "hello-world"), agent=agent, run_dir=run)
+    run.write_trial(r)
     assert [t.agent_version for t in run.trials()] == ["1"]
-
-
-class _Recorder:
-    def __init__(self):
-        self.trials = []
-
-    @hookimpl
-    def on_trial_finished(self, run_dir, trial):
-        self.trials.append((run_dir.id, trial.trial_id))
-
-
-def test_a_recorded_trial_fires_on_trial_finished(backend, tmp_path, slr_plugins):
-    rec = _Recorder()
-    slr_plugins.register(rec, name="recorder")
-    run = RunDir.create(tmp_path / "runs", "ev", "")
-    r = trial(backend, load_task(EXAMPLES / "hello-world"), agent=NopAgent(), run_dir=run)
-    assert rec.trials == [(run.id, r.trial_id)]

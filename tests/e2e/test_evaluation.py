@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from slr import checkpoints
 from slr.runs import RunDir
 
 pytestmark = pytest.mark.slow
@@ -126,7 +127,7 @@ def test_eval_a_checkpoint_serves_its_weights(tmp_path, tiny_model_dir):
     res = slr("run", "-c", str(cfg), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     (run_path,) = (tmp_path / "runs").iterdir()
-    ckpt = RunDir.open(run_path).latest_checkpoint()
+    ckpt = checkpoints.latest_checkpoint(run_path)
     assert json.loads((run_path / "metrics.jsonl").read_text())["optimizer/updates"] == 1
 
     # a run folder means its latest complete checkpoint; without -c its own config is used

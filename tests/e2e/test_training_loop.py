@@ -6,7 +6,6 @@ tests/adapters runs real scaffolds through the same loop pieces.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from slr import checkpoints
 from slr.runs import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def check_consistent(run: RunDir, *, steps: int, per_step: int) -> None:
     assert by_step == {s: per_step for s in range(1, steps + 1)}
     for t in trials:
         assert t.group_id is not None and t.weights_version == t.step - 1
-    assert run.latest_checkpoint() == run.checkpoint_dir(steps)
+    assert checkpoints.latest_checkpoint(run) == checkpoints.checkpoint_dir(run, steps)
 
 
 def resume_to_the_end(run: RunDir) -> RunDir:
@@ -142,11 +142,11 @@ def test_sigkill_then_resume_loses_nothing_counts_nothing_twice(tmp_path, tiny_m
             return any(path.glob("trials/s00002-*.json"))
         if kill_at == "mid-update":  # all of step 2's trials are recorded
             return len(list(path.glob("trials/s00002-*.json"))) == 4
-        return (path / "checkpoints" / "step-000001" / "COMPLETE").exists()
+        return checkpoints.is_complete(checkpoints.checkpoint_dir(path, 1))
 
     run = run_and_kill_when(cfg, tmp_path / "runs", reached, what=kill_at)
     run = resume_to_the_end(run)
-    assert json.loads((run.latest_checkpoint() / "loop.json").read_text())["step"] == 3
+    assert checkpoints.read_state(checkpoints.latest_checkpoint(run)).step == 3
 
 
 @pytest.fixture(scope="module")
@@ -164,13 +164,13 @@ def test_sigkill_mid_checkpoint_then_resume_from_the_previous_one(tmp_path, wide
 
     def writing_step_2(path: Path) -> bool:
         # step 2's checkpoint is being written: its folder exists without COMPLETE
-        partial = path / "checkpoints" / "step-000002.partial"
-        final = path / "checkpoints" / "step-000002"
-        return partial.exists() or (final.exists() and not (final / "COMPLETE").exists())
+        final = checkpoints.checkpoint_dir(path, 2)
+        partial = final.with_name(final.name + checkpoints.PARTIAL_SUFFIX)
+        return partial.exists() or (final.exists() and not checkpoints.is_complete(final))
 
     run = run_and_kill_when(cfg, tmp_path / "runs", writing_step_2, what="the 2nd checkpoint")
     # the torn checkpoint does not count: resume starts after step 1
-    assert run.latest_checkpoint() == run.checkpoint_dir(1)
+    assert checkpoints.latest_checkpoint(run) == checkpoints.checkpoint_dir(run, 1)
     # step 2's trials were made by step 1's weights, still the newest complete checkpoint
     run = resume_to_the_end(run)
     assert not list((run.path / "checkpoints").glob("*.partial"))

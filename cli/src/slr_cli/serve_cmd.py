@@ -8,9 +8,8 @@ import signal
 import click
 
 from slr.config import PLUGIN_SECTIONS
-from slr.contracts import SamplingParams, TerminationReason, TrialResult
 from slr.plugins import get_plugin_manager
-from slr.proxy import Proxy
+from slr.rollout import RolloutSession
 from slr.runs import RunDir
 from slr_cli.options import config_options, resolve_config
 
@@ -47,22 +46,21 @@ def serve(config_path, agent, backend, engine, optimizer, verifier, sets, port, 
 
 
 async def _serve(cfg, n_sessions: int) -> None:
-    reg = get_plugin_manager().get(PLUGIN_SECTIONS["engine"], cfg.engine.name)
-    engine = reg.create(cfg.engine.options)
-    sampling = SamplingParams(
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        max_tokens=cfg.rollout.max_tokens,
-    )
+    plugins = get_plugin_manager()
+    engine = plugins.get(PLUGIN_SECTIONS["engine"], cfg.engine.name).create(cfg.engine.options)
     run = RunDir.create(cfg.run.runs_dir, f"serve-{cfg.run.name}", cfg.to_toml())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with Proxy(engine, cfg.proxy, sampling=sampling) as proxy:
-            opened = [proxy.open_session(f"session-{i}") for i in range(n_sessions)]
-            model = proxy.model_names[0] if proxy.model_names else "policy"
+        # the rollout session owns the proxy and closes the engine; each served session is
+        # recorded as a trial (no reward: nothing verifies it) through the same path as
+        # `slr run` and `slr eval`, so on_trial_finished fires for it too
+        async with RolloutSession(run, plugins=plugins, config=cfg, engine=engine) as session:
+            opened = [session.open_session(f"session-{i}") for i in range(n_sessions)]
+            names = session.proxy.model_names
+            model = names[0] if names else "policy"
             click.echo(f"serving {cfg.engine.name} as model {model!r}; run directory {run.path}")
             for s in opened:
                 click.echo(f"session {s.trial_id}: token {s.token}")
@@ -71,21 +69,8 @@ async def _serve(cfg, n_sessions: int) -> None:
             click.echo("Ctrl-C to stop and write the trajectories.", nl=True)
             await stop.wait()
             for s in opened:
-                trajectory = proxy.close_session(s)
-                proxy.write_transcript(s, run.path / "trials")
-                termination = s.termination or TerminationReason.COMPLETED
-                # served sessions are not scored: no reward
-                run.write_trial(
-                    TrialResult(
-                        trial_id=s.trial_id,
-                        task_id="serve",
-                        termination=termination,
-                        trajectory=trajectory,
-                        weights_version=engine.weights_version,
-                    )
-                )
+                await session.close_session(s)
     finally:
         run.append_event("finished", status="stopped")
         run.close()
-        await engine.close()
     click.echo(f"trajectories written to {run.path / 'trials'}")

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from slr.checkpoints import latest_checkpoint
 from slr.runs import RunDir
 
 
@@ -18,7 +19,7 @@ def summarize(run: RunDir) -> dict:
     terminations = Counter(t.termination.value for t in trials)
     rewards = [t.reward.value for t in trials if t.trainable and t.reward is not None]
     metrics = run.metrics()
-    checkpoint = run.latest_checkpoint()
+    checkpoint = latest_checkpoint(run)
     events = run.events()
     return {
         "run_id": run.id,

@@ -5,10 +5,12 @@ agent, backend, verifier; no optimizer), and sampling is ``[rollout]``'s, so an 
 measures the policy the way training sees it. Agents that call no model (``oracle``,
 ``nop``: ``needs_model = False``) run with stand-in sessions and no engine is loaded.
 
-``--checkpoint`` points the engine's ``model`` option at a checkpoint's ``policy/`` folder
-(the Hugging Face model the torch optimizer writes), so any engine with a ``model`` option
-serves it. The result is a run directory (``config.toml``, ``trials/``, ``events.jsonl``)
-plus ``eval.json``, the pass@k summary (``slr.passk``).
+``--checkpoint`` points the engine's ``model`` option at the checkpoint's servable weights
+(the model folder its optimizer names, ``Optimizer.servable_weights``, recorded in the
+checkpoint; ``slr.checkpoints.resolve_checkpoint``), so any engine with a ``model`` option
+serves it. The trials run through one ``slr.rollout.RolloutSession``, as in ``slr run``.
+The result is a run directory (``config.toml``, ``trials/``, ``events.jsonl``) plus
+``eval.json``, the pass@k summary (``slr.passk``).
 """
 
 from __future__ import annotations
@@ -16,84 +18,24 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from slr.checkpoints import Checkpoint, resolve_checkpoint
 from slr.config import Config, load_config
-from slr.contracts import SamplingParams, TrialResult
+from slr.contracts import TrialResult
 from slr.errors import UsageError
-from slr.loop import build_plugin, record_trial
+from slr.loop import build_plugin
 from slr.passk import summarize
 from slr.plugins import PluginManager, get_plugin_manager
-from slr.proxy import Proxy, ProxySessions
+from slr.rollout import RolloutSession, TrialSpec
 from slr.runs import RunDir, atomic_write
-from slr.tasks import Task, load_tasks
-from slr.trial import StandInSessions, run_trial, run_trials
+from slr.tasks import load_tasks
 
 SUMMARY = "eval.json"
-_WHAT_TO_PASS = (
-    "pass a checkpoint folder (RUN/checkpoints/step-NNNNNN) or a run directory (RUN, "
-    "meaning its latest complete checkpoint)"
-)
-
-
-@attrs.frozen(kw_only=True)
-class Checkpoint:
-    """A complete training checkpoint and the model folder an engine can serve."""
-
-    path: Path
-    policy: Path
-    step: int | None
-    run: Path | None
-
-
-def resolve_checkpoint(path: Path | str) -> Checkpoint:
-    """The checkpoint ``path`` names: a checkpoint folder, or a run's latest complete one."""
-    path = Path(path)
-    if not path.is_dir():
-        raise UsageError(f"--checkpoint {str(path)!r} is not a folder; {_WHAT_TO_PASS}")
-    run: Path | None = None
-    if (path / RunDir.CONFIG).is_file():
-        run = path
-        latest = RunDir(path).latest_checkpoint()
-        if latest is None:
-            raise UsageError(
-                f"run {str(path)!r} has no complete checkpoint yet (no checkpoints/step-*/"
-                f"COMPLETE); wait for its first checkpoint (run.checkpoint_every) or "
-                f"evaluate the base model without --checkpoint"
-            )
-        path = latest
-    elif (path.parent.parent / RunDir.CONFIG).is_file():
-        run = path.parent.parent
-    if not (path / "COMPLETE").is_file():
-        hint = ""
-        if run is not None and (latest := RunDir(run).latest_checkpoint()) is not None:
-            hint = f" The run's latest complete checkpoint is {str(latest)!r}."
-        raise UsageError(
-            f"{str(path)!r} is not a complete checkpoint (no COMPLETE marker: it is being "
-            f"written, was interrupted, or is not a checkpoint at all); {_WHAT_TO_PASS}.{hint}"
-        )
-    policy = path / "policy"
-    if not (policy / "config.json").is_file():
-        raise UsageError(
-            f"checkpoint {str(path)!r} has no policy/ model folder (policy/config.json), so "
-            f"there are no weights an engine can serve; its optimizer does not export a "
-            f"Hugging Face model. Evaluate a checkpoint of the torch optimizer, or pass the "
-            f"model folder as --set engine.model=PATH"
-        )
-    return Checkpoint(path=path, policy=policy, step=_step(path), run=run)
-
-
-def _step(path: Path) -> int | None:
-    try:
-        return int(json.loads((path / "loop.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        found = re.fullmatch(r"step-(\d+)", path.name)
-        return int(found.group(1)) if found else None
 
 
 def serve_checkpoint(config: Config, ckpt: Checkpoint) -> Config:
@@ -109,7 +51,7 @@ def serve_checkpoint(config: Config, ckpt: Checkpoint) -> Config:
             f"checkpoint {str(ckpt.path)!r}; use an engine that loads a model folder "
             f"(--engine hf, or vllm)"
         )
-    served = attrs.evolve(options, model=str(ckpt.policy.resolve()))
+    served = attrs.evolve(options, model=str(ckpt.weights.resolve()))
     return attrs.evolve(config, engine=attrs.evolve(config.engine, options=served))
 
 
@@ -179,7 +121,6 @@ class Evaluation:
         # last: loading the model is the slow part, so the cheap checks fail before it
         self.engine = build_plugin(config, self.plugins, "engine") if self.needs_model else None
         self.run = resume or create_run_dir(config, output=output, name=name)
-        self.recorded = {t.trial_id: t for t in self.run.trials()} if resume else {}
 
     @classmethod
     def resume(cls, path: Path, *, plugins: PluginManager | None = None) -> Evaluation:
@@ -218,8 +159,9 @@ class Evaluation:
 
     def main(self) -> dict[str, Any]:
         """Run every trial, write ``eval.json`` and return it."""
-        if self.recorded:
-            self.run.append_event("resumed", recorded=len(self.recorded))
+        recorded = len(self.run.trial_ids())
+        if recorded:
+            self.run.append_event("resumed", recorded=recorded)
         self.run.append_event(
             "started",
             kind="eval",
@@ -242,52 +184,29 @@ class Evaluation:
         atomic_write(self.run.path / SUMMARY, json.dumps(summary, indent=2, sort_keys=True))
         return summary
 
+    def specs(self) -> list[TrialSpec]:
+        """``samples`` trials of every task; ids are deterministic, so resume skips the
+        recorded ones."""
+        return [
+            TrialSpec(task=task, trial_id=f"{task.id}-{i}", group_id=task.id)
+            for task in self.tasks
+            for i in range(self.samples)
+        ]
+
     async def _main(self) -> list[TrialResult]:
-        try:
-            await self.backend.cleanup_orphans()
-            for task in {t.id: t for t in self.tasks}.values():
-                await self.backend.prepare(task)
-            if self.engine is None:
-                return await self._trials(StandInSessions())
-            rollout = self.config.rollout
-            sampling = SamplingParams(
-                temperature=rollout.temperature, top_p=rollout.top_p, max_tokens=rollout.max_tokens
-            )
-            async with Proxy(self.engine, self.config.proxy, sampling=sampling) as proxy:
-                sessions = ProxySessions(
-                    proxy, protocol=self.agent.protocol, transcripts=self.run.path / "trials"
-                )
-                return await self._trials(sessions)
-        finally:
-            await self.backend.close()
-            if self.engine is not None:
-                await self.engine.close()
-
-    async def _trials(self, sessions: Any) -> list[TrialResult]:
-        # trial ids are deterministic, so a resumed eval runs only what has no record
-        ids = [(task, f"{task.id}-{i}") for task in self.tasks for i in range(self.samples)]
-        jobs = [self._job(t, tid, sessions) for t, tid in ids if tid not in self.recorded]
-        done = await run_trials(jobs, concurrency=self.config.rollout.concurrency, label="eval")
-        return [*self.recorded.values(), *done]
-
-    def _job(self, task: Task, tid: str, sessions: Any):
-        async def job() -> TrialResult:
-            result = await run_trial(
-                task,
-                backend=self.backend,
-                agent=self.agent,
-                verifier=self.verifier,
-                session_factory=sessions,
-                trial_id=tid,
-                agent_name=self.config.agent.name,
-                labels={"slr.run": self.run.id, "slr.trial": tid},
-                group_id=task.id,
-            )
-            result = attrs.evolve(result, weights_version=self.weights_version)
-            record_trial(self.run, self.plugins, result)
-            return result
-
-        return job
+        session = RolloutSession(
+            self.run,
+            plugins=self.plugins,
+            config=self.config,
+            engine=self.engine,
+            backend=self.backend,
+            agent=self.agent,
+            verifier=self.verifier,
+            tasks=self.tasks,
+            weights_version=lambda: self.weights_version,
+        )
+        async with session:
+            return await session.run(self.specs(), label="eval")
 
     def summary(self, results: list[TrialResult], *, elapsed_s: float) -> dict[str, Any]:
         cfg = self.config

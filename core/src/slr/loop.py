@@ -2,16 +2,18 @@
 
 Each step samples ``rollout.tasks_per_step`` tasks (the order is a pure function of
 ``run.seed`` and the step number, so a resumed run samples the same tasks), runs
-``rollout.n_per_task`` trials of each as one group through the trial runner, hands the
-trainable trials to the optimizer, pushes the new weights to the engine and writes a
-checkpoint, then the step's metrics line.
+``rollout.n_per_task`` trials of each as one group through the run's rollout session
+(``slr.rollout``), hands the trials to the optimizer, pushes the new weights to the engine
+and writes a checkpoint, then the step's metrics line.
 
 Crash safety (everything is read back from the run directory on ``--resume``):
 
-- trial ids are deterministic (``s<step>-<task>-<k>``) and a trial is written once, when it
-  ends; a resumed step re-runs only the trials that have no record, so nothing is counted
-  twice and at most the trials in flight are lost;
-- a checkpoint counts only once its ``COMPLETE`` marker exists; it carries the step's
+- trial ids are deterministic (``trial_id``: ``s<step>-<slot>-<task>-<k>``, e.g.
+  ``s00003-01-hello-world-0``) and the rollout session records a trial once, when it ends;
+  a resumed step re-runs only the trials that have no record, so nothing is counted twice
+  and at most the trials in flight are lost;
+- a checkpoint (layout: ``slr.checkpoints``) counts only once its ``COMPLETE`` marker
+  exists; it carries the step's
   metrics, which are appended to ``metrics.jsonl`` right after it (and on resume if the kill
   fell in between), and resume drops metric lines past the checkpoint, so metrics never run
   ahead of, or behind, the weights they describe;
@@ -34,19 +36,17 @@ from typing import Any
 import attrs
 import structlog
 
+from slr import checkpoints
 from slr import log as slr_log
 from slr.config import PLUGIN_SECTIONS, Config, load_config
-from slr.contracts import SamplingParams, TrialResult
+from slr.contracts import TrialResult
 from slr.errors import UsageError
 from slr.plugins import PluginManager, get_plugin_manager
-from slr.proxy import Proxy, ProxySessions
+from slr.rollout import RolloutSession, TrialSpec, emit
 from slr.runs import RunDir, atomic_write
 from slr.tasks import Task, load_tasks
-from slr.trial import run_trial, run_trials
 
 log = structlog.get_logger()
-
-LOOP_STATE = "loop.json"
 
 
 @attrs.define
@@ -91,28 +91,30 @@ def sample_tasks(tasks: Sequence[Task], *, seed: int, step: int, count: int) -> 
     return picked
 
 
+def group_id(step: int, task: Task, slot: int) -> str:
+    """The group of ``task`` drawn in slot ``slot`` of step ``step``: ``s00003-01-hello``."""
+    return f"s{step:05d}-{slot:02d}-{task.id}"
+
+
 def trial_id(step: int, task: Task, k: int, slot: int) -> str:
-    return f"s{step:05d}-{slot:02d}-{task.id}-{k}"
+    """Sample ``k`` of that group: ``s00003-01-hello-0``."""
+    return f"{group_id(step, task, slot)}-{k}"
 
 
-def _emit(plugins: PluginManager, hook: str, **kwargs: Any) -> None:
-    """Event hooks never stop a run: a failing logger is logged and skipped."""
-    try:
-        getattr(plugins.hook, hook)(**kwargs)
-    except Exception:
-        log.exception("event hook failed", hook=hook)
-
-
-def record_trial(run: RunDir, plugins: PluginManager, result: TrialResult) -> None:
-    """A finished trial: written once to the run directory, logged, announced to plugins."""
-    run.write_trial(result)
-    log.info(
-        "trial done",
-        trial_id=result.trial_id,
-        termination=result.termination.value,
-        reward=None if result.reward is None else result.reward.value,
-    )
-    _emit(plugins, "on_trial_finished", run_dir=run, trial=result)
+def step_specs(tasks: Sequence[Task], config: Config, step: int) -> list[TrialSpec]:
+    """The trials of step ``step``: ``rollout.n_per_task`` samples of each sampled task."""
+    rollout = config.rollout
+    picked = sample_tasks(tasks, seed=config.run.seed, step=step, count=rollout.tasks_per_step)
+    return [
+        TrialSpec(
+            task=task,
+            trial_id=trial_id(step, task, k, slot),
+            group_id=group_id(step, task, slot),
+            step=step,
+        )
+        for slot, task in enumerate(picked)
+        for k in range(rollout.n_per_task)
+    ]
 
 
 class Loop:
@@ -128,16 +130,16 @@ class Loop:
 
     def restore(self) -> None:
         """Load the newest complete checkpoint and discard what came after it."""
-        ckpt = self.run.latest_checkpoint()
-        done, state = 0, {}
+        ckpt = checkpoints.latest_checkpoint(self.run)
+        done, metrics = 0, {}
         if ckpt is not None:
-            state = json.loads((ckpt / LOOP_STATE).read_text())
-            done = int(state["step"])
+            state = checkpoints.read_state(ckpt)
+            done, metrics = state.step, dict(state.metrics)
             self.parts.optimizer.load(ckpt)
         self.start_step = done + 1
         self._discard_after(done)
         if done and done not in {m["step"] for m in self.run.metrics()}:
-            self.run.append_metrics(done, state["metrics"])
+            self.run.append_metrics(done, metrics)
         self.run.append_event("resumed", from_step=self.start_step, checkpoint=str(ckpt))
 
     def _discard_after(self, done: int) -> None:
@@ -157,52 +159,12 @@ class Loop:
 
     # -- one step -----------------------------------------------------------------------
 
-    async def rollout(self, step: int, proxy: Proxy) -> list[TrialResult]:
-        cfg = self.config
-        sessions = ProxySessions(
-            proxy, protocol=self.parts.agent.protocol, transcripts=self.run.path / "trials"
-        )
-        tasks = sample_tasks(
-            self.tasks, seed=cfg.run.seed, step=step, count=cfg.rollout.tasks_per_step
-        )
-        recorded = {t.trial_id: t for t in self.run.trials() if t.step == step}
-        jobs, results = [], list(recorded.values())
-        for slot, task in enumerate(tasks):
-            group = f"s{step:05d}-{slot:02d}-{task.id}"
-            for k in range(cfg.rollout.n_per_task):
-                tid = trial_id(step, task, k, slot)
-                if tid not in recorded:
-                    jobs.append(self._job(task, tid, group, step, sessions))
-        results += await run_trials(
-            jobs,
-            concurrency=cfg.rollout.concurrency,
-            label=f"step {step}/{cfg.run.steps} rollout",
-        )
-        return results
-
-    def _job(self, task: Task, tid: str, group: str, step: int, sessions: ProxySessions):
-        async def job() -> TrialResult:
-            result = await run_trial(
-                task,
-                backend=self.parts.backend,
-                agent=self.parts.agent,
-                verifier=self.parts.verifier,
-                session_factory=sessions,
-                trial_id=tid,
-                agent_name=self.config.agent.name,
-                labels={"slr.run": self.run.id, "slr.trial": tid},
-                group_id=group,
-                step=step,
-            )
-            result = attrs.evolve(result, weights_version=self.parts.engine.weights_version)
-            record_trial(self.run, self.plugins, result)
-            return result
-
-        return job
-
-    async def step(self, step: int, proxy: Proxy) -> dict[str, Any]:
+    async def step(self, step: int, session: RolloutSession) -> dict[str, Any]:
         t0 = time.monotonic()
-        trials = await self.rollout(step, proxy)
+        trials: list[TrialResult] = await session.run(
+            step_specs(self.tasks, self.config, step),
+            label=f"step {step}/{self.config.run.steps} rollout",
+        )
         t1 = time.monotonic()
         # The optimizer sees every trial: it excludes infrastructure failures itself and
         # reports them, so the step's metrics describe the whole rollout.
@@ -222,50 +184,49 @@ class Loop:
             }
         )
         if step % self.config.run.checkpoint_every == 0 or step == self.config.run.steps:
-            await asyncio.to_thread(self._checkpoint, step, metrics)
+            optimizer = self.parts.optimizer
+            await asyncio.to_thread(
+                checkpoints.write_checkpoint,
+                self.run,
+                step,
+                save=optimizer.save,
+                metrics=metrics,
+                servable_weights=optimizer.servable_weights,
+            )
             metrics["time/checkpoint_s"] = time.monotonic() - t3
         metrics["time/step_s"] = time.monotonic() - t0
         return metrics
 
-    def _checkpoint(self, step: int, metrics: dict[str, Any]) -> None:
-        path = self.run.checkpoint_dir(step)
-        tmp = path.with_name(path.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.parts.optimizer.save(tmp)
-        # The step's metrics travel with the checkpoint: a kill between the checkpoint and
-        # the metrics line loses neither (restore writes the line back).
-        atomic_write(tmp / LOOP_STATE, json.dumps({"step": step, "metrics": metrics}))
-        shutil.rmtree(path, ignore_errors=True)
-        tmp.rename(path)
-        atomic_write(path / "COMPLETE", "")
-
     # -- the run ------------------------------------------------------------------------
+
+    def session(self) -> RolloutSession:
+        """The run's rollout session: it closes the engine and the backend when left."""
+        parts = self.parts
+        return RolloutSession(
+            self.run,
+            plugins=self.plugins,
+            config=self.config,
+            engine=parts.engine,
+            backend=parts.backend,
+            agent=parts.agent,
+            verifier=parts.verifier,
+            tasks=self.tasks,
+        )
 
     async def main(self) -> str:
         cfg = self.config
-        await self.parts.backend.cleanup_orphans()
-        for task in {t.id: t for t in self.tasks}.values():
-            await self.parts.backend.prepare(task)
-        if self.start_step > 1:
-            await self.parts.engine.update_weights(
-                self.parts.optimizer.export_weights(), version=self.start_step - 1
-            )
-        sampling = SamplingParams(
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            max_tokens=cfg.rollout.max_tokens,
-        )
-        async with Proxy(self.parts.engine, cfg.proxy, sampling=sampling) as proxy:
+        async with self.session() as session:
+            if self.start_step > 1:
+                await self.parts.engine.update_weights(
+                    self.parts.optimizer.export_weights(), version=self.start_step - 1
+                )
             for step in range(self.start_step, cfg.run.steps + 1):
                 with slr_log.bound(step=step):
-                    metrics = await self.step(step, proxy)
+                    metrics = await self.step(step, session)
                 self.run.append_metrics(step, metrics)
                 self.run.sync()
                 log.info("step done", step=step, reward_mean=metrics.get("reward/mean"))
-                _emit(
-                    self.plugins, "on_step_finished", run_dir=self.run, step=step, metrics=metrics
-                )
+                emit(self.plugins, "on_step_finished", run_dir=self.run, step=step, metrics=metrics)
         return "completed"
 
 
@@ -283,7 +244,7 @@ def train(config: Config | None, *, resume: Path | None = None) -> RunDir:
     if resume is not None:
         loop.restore()
     run.append_event("started", resumed=resume is not None, step=loop.start_step)
-    _emit(plugins, "on_run_started", run_dir=run, config=config)
+    emit(plugins, "on_run_started", run_dir=run, config=config)
     status = "failed"
     try:
         status = asyncio.run(loop.main())
@@ -293,5 +254,5 @@ def train(config: Config | None, *, resume: Path | None = None) -> RunDir:
     finally:
         run.append_event("finished", status=status)
         run.close()
-        _emit(plugins, "on_run_finished", run_dir=run, status=status)
+        emit(plugins, "on_run_finished", run_dir=run, status=status)
     return run

@@ -7,7 +7,7 @@
       metrics.jsonl      one line per optimizer step
       events.jsonl       run-level events (started, resumed, failed, ...)
       trials/<id>.json   one record per trial (atomic write; a trial is never recorded twice)
-      checkpoints/       optimizer checkpoints, one folder per step
+      checkpoints/       optimizer checkpoints, one folder per step (layout: slr.checkpoints)
 
 Every whole-file write goes to a temporary file and is renamed into place. Appends are
 flushed at once and fsynced when ``sync()`` is called at step boundaries. A process killed
@@ -147,9 +147,6 @@ class RunDir:
             fh.close()
         self._handles.clear()
 
-    def checkpoint_dir(self, step: int) -> Path:
-        return self.path / "checkpoints" / f"step-{step:06d}"
-
     # -- reading -------------------------------------------------------------------------
 
     def config_text(self) -> str:
@@ -164,11 +161,11 @@ class RunDir:
     def trial_ids(self) -> set[str]:
         return {p.stem for p in (self.path / "trials").glob("*.json")}
 
+    def trial(self, trial_id: str) -> TrialResult:
+        """The record of one trial (``FileNotFoundError`` if it has none)."""
+        path = self.path / "trials" / f"{trial_id}.json"
+        return from_dict(json.loads(path.read_text()), TrialResult)
+
     def trials(self) -> Iterator[TrialResult]:
         for p in sorted((self.path / "trials").glob("*.json")):
             yield from_dict(json.loads(p.read_text()), TrialResult)
-
-    def latest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint (one whose ``COMPLETE`` marker was written last)."""
-        done = sorted(p.parent for p in (self.path / "checkpoints").glob("step-*/COMPLETE"))
-        return done[-1] if done else None

@@ -50,7 +50,7 @@ from slr.contracts import (
     VerifierError,
     VerifierTimeout,
 )
-from slr.plugins import get_plugin_manager
+from slr.sandboxing.labels import trial_labels
 from slr.tasks import AGENT_LOGS_DIR, Task
 
 log = structlog.get_logger()
@@ -113,32 +113,30 @@ async def run_trial(
     agent_timeout_s: float | None = None,
     group_id: str | None = None,
     step: int | None = None,
-    run_dir: Any = None,
+    run_id: str | None = None,
 ) -> TrialResult:
-    """Run one trial of ``task`` and return its record (also written to ``run_dir``).
+    """Run one trial of ``task`` and return its record.
 
-    ``agent_timeout_s`` overrides the task's ``[agent] timeout_sec``. ``labels`` are put on
-    the sandbox (e.g. ``slr.run_id``). With ``run_dir``, the record is written to it and
-    ``on_trial_finished`` fires.
+    ``agent_timeout_s`` overrides the task's ``[agent] timeout_sec``. The sandbox carries
+    the run, trial and task labels (``slr.sandboxing.labels.trial_labels``) plus
+    ``labels``, which cannot override them. Nothing is written here: recording a trial is
+    ``slr.rollout.RolloutSession.record``'s job.
     """
+    trial_id = trial_id or new_trial_id(task.id)
     trial = _Trial(
         task=task,
         backend=backend,
         agent=agent,
         verifier=verifier,
         sessions=session_factory,
-        trial_id=trial_id or new_trial_id(task.id),
+        trial_id=trial_id,
         agent_name=agent_name,
-        labels={**({"slr.run_id": run_dir.id} if run_dir is not None else {}), **(labels or {})},
+        labels=trial_labels(run_id=run_id, trial_id=trial_id, task_id=task.id, extra=labels),
         agent_timeout_s=agent_timeout_s,
     )
     with slr_log.bound(trial_id=trial.trial_id, task_id=task.id):
         result = await trial.run()
-    result = attrs.evolve(result, group_id=group_id, step=step)
-    if run_dir is not None:
-        run_dir.write_trial(result)
-        get_plugin_manager().hook.on_trial_finished(run_dir=run_dir, trial=result)
-    return result
+    return attrs.evolve(result, group_id=group_id, step=step)
 
 
 async def run_trials(
@@ -150,6 +148,8 @@ async def run_trials(
     """Run trial thunks with at most ``concurrency`` at once, results in job order.
 
     With ``label``, a progress bar on stderr counts finished trials (only on a terminal).
+    Cancelled (or a job raising), it cancels the other jobs and returns only once all of
+    them have ended, each trial's sandbox stopped.
     """
     jobs = list(jobs)
     sem = asyncio.Semaphore(concurrency)
@@ -169,7 +169,17 @@ async def run_trials(
             progress.advance(bar)
             return result
 
-        return list(await asyncio.gather(*(one(j) for j in jobs)))
+        tasks = [asyncio.ensure_future(one(j)) for j in jobs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            # gather returns at the first cancelled or failed job while the others still
+            # run: cancel them and wait until every trial has stopped its sandbox, so the
+            # caller (which closes the backend next) never outlives a trial's cleanup
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
 
 class _Trial:
@@ -247,7 +257,7 @@ class _Trial:
                 self.backend.start(
                     task,
                     trial_id=self.trial_id,
-                    labels={"slr.task": task.id, **self.labels},
+                    labels=self.labels,
                     mounts=mounts,
                 ),
                 "starting the sandbox",

@@ -135,7 +135,7 @@ def test_a_checkpoint_is_a_model_folder_the_engine_serves(tmp_path):
             await engine.close()
         opt.step(trials)
         opt.save(tmp_path / "step-000001")
-        served = HfEngine.from_folder(tmp_path / "step-000001" / "policy")
+        served = HfEngine.from_folder(opt.servable_weights(tmp_path / "step-000001"))
         try:
             trials, _ = await _rollout(served, tok, n=2, seed=1, tag="b")
         finally:

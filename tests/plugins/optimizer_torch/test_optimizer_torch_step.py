@@ -9,6 +9,7 @@ from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.optimizer import TorchOptimizer
 from slr_optimizer_torch.testing import sample, sample_trials, tiny_causal_lm, trial
 
+from slr import checkpoints
 from slr.config import AlgorithmSection
 from slr.contracts import Optimizer
 from slr.errors import ConfigError, UsageError
@@ -227,13 +228,15 @@ def test_checkpoint_resume_is_exact(tmp_path):
 
     a = _optimizer(tiny_causal_lm(seed=4), algorithm=algorithm, **options)
     a.step(batch1)
-    a.save(run.checkpoint_dir(1))
-    assert (run.checkpoint_dir(1) / "COMPLETE").is_file()
-    assert run.latest_checkpoint() == run.checkpoint_dir(1)
+    checkpoints.write_checkpoint(
+        run, 1, save=a.save, metrics={}, servable_weights=a.servable_weights
+    )
+    assert checkpoints.latest_checkpoint(run) == checkpoints.checkpoint_dir(run, 1)
+    assert checkpoints.read_state(checkpoints.checkpoint_dir(run, 1)).servable_weights == "policy"
     a_metrics = a.step(batch2)
 
     b = _optimizer(tiny_causal_lm(seed=4), algorithm=algorithm, **options)
-    b.load(run.latest_checkpoint())
+    b.load(checkpoints.latest_checkpoint(run))
     assert b.steps == 1 and b.updates == 2
     b_metrics = b.step(batch2)
 
@@ -258,8 +261,8 @@ def test_checkpoint_policy_folder_loads_as_a_model_and_incomplete_ones_are_refus
     model = tiny_causal_lm()
     opt = _optimizer(model)
     opt.step(_trials(model, temperature=1.0))
-    opt.save(tmp_path / "step-000001")
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "step-000001" / "policy")
+    path = checkpoints.write_checkpoint(tmp_path, 1, save=opt.save, metrics={})
+    loaded = AutoModelForCausalLM.from_pretrained(opt.servable_weights(path))
     for (name, a), b in zip(
         opt.model.state_dict().items(), loaded.state_dict().values(), strict=True
     ):
@@ -268,9 +271,9 @@ def test_checkpoint_policy_folder_loads_as_a_model_and_incomplete_ones_are_refus
     assert exported.keys() == opt.model.state_dict().keys()
     assert all(torch.equal(exported[k], v) for k, v in opt.model.state_dict().items())
 
-    (tmp_path / "step-000001" / "COMPLETE").unlink()
+    (path / checkpoints.COMPLETE).unlink()
     with pytest.raises(UsageError, match="incomplete"):
-        _optimizer().load(tmp_path / "step-000001")
+        _optimizer().load(path)
 
 
 def test_from_config_loads_the_model_folder_with_the_rollout_temperature(tmp_path):

@@ -1,23 +1,23 @@
-"""Checkpoints of the torch optimizer: a folder whose ``COMPLETE`` marker is written last.
+"""What the torch optimizer writes into a checkpoint folder.
 
 ::
 
     step-000012/
-      policy/              a Hugging Face model folder (from_pretrained loads it)
+      policy/              a Hugging Face model folder (from_pretrained loads it; the
+                           optimizer's ``servable_weights``)
       value_head.pt        gae only
       optimizer.pt         AdamW state
       rng.pt               torch's RNG and the mini-batch shuffling generator
       trainer_state.json   step and update counts, temperature, algorithm and options
-      COMPLETE             written last, after every other file is fsynced
 
-``RunDir.latest_checkpoint`` only considers folders with the marker, and ``load`` refuses
-one without it, so a process killed mid-write leaves the previous checkpoint to resume from.
+The folder around these files (its name, the ``COMPLETE`` marker, the loop's state, the
+fsync before the marker) is ``slr.checkpoints``'s; ``load`` refuses a folder without the
+marker, so a process killed mid-write leaves the previous checkpoint to resume from.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from slr.checkpoints import require_complete
 from slr.config.structure import unstructure
 from slr.errors import UsageError
 from slr.runs import atomic_write
@@ -34,15 +35,19 @@ from slr_optimizer_torch.model import resolve_model_name, tokenizer_files
 if TYPE_CHECKING:
     from slr_optimizer_torch.optimizer import TorchOptimizer
 
-COMPLETE = "COMPLETE"
+POLICY = "policy"
+"""The Hugging Face model folder inside a checkpoint: what an engine serves."""
+
+
+def servable_weights(path: Path) -> Path:
+    return Path(path) / POLICY
 
 
 def save(opt: TorchOptimizer, path: Path) -> None:
-    """Write ``opt``'s checkpoint folder; ``COMPLETE`` goes last, after everything is synced."""
+    """Write ``opt``'s files into the checkpoint folder ``path``."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / COMPLETE).unlink(missing_ok=True)
-    policy = path / "policy"
+    policy = servable_weights(path)
     if policy.exists():
         shutil.rmtree(policy)
     opt.model.save_pretrained(policy, safe_serialization=True)
@@ -65,8 +70,6 @@ def save(opt: TorchOptimizer, path: Path) -> None:
         "options": unstructure(opt.options),
     }
     atomic_write(path / "trainer_state.json", json.dumps(state, indent=2, sort_keys=True))
-    _fsync_tree(path)
-    atomic_write(path / COMPLETE, f"step {opt.steps}\n")
 
 
 def load(opt: TorchOptimizer, path: Path) -> None:
@@ -74,13 +77,9 @@ def load(opt: TorchOptimizer, path: Path) -> None:
     from safetensors.torch import load_file
 
     path = Path(path)
-    if not (path / COMPLETE).is_file():
-        raise UsageError(
-            f"checkpoint {str(path)!r} is incomplete (no {COMPLETE} marker): the process "
-            f"writing it was stopped. Resume from the previous checkpoint instead."
-        )
+    require_complete(path)
     state: dict[str, torch.Tensor] = {}
-    for file in sorted((path / "policy").glob("*.safetensors")):
+    for file in sorted(servable_weights(path).glob("*.safetensors")):
         state.update(load_file(file, device=str(opt.device)))
     missing, unexpected = opt.model.load_state_dict(state, strict=False)
     untied = [k for k in missing if not _is_tied(opt.model, k, state)]
@@ -111,13 +110,3 @@ def _is_tied(model: nn.Module, key: str, loaded: Mapping[str, torch.Tensor]) -> 
     if key not in params:
         return False
     return any(other in loaded and params[other] is params[key] for other in params if other != key)
-
-
-def _fsync_tree(path: Path) -> None:
-    for root, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)

@@ -362,9 +362,13 @@ class TorchOptimizer:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def save(self, path: Path) -> None:
-        """Write a checkpoint folder (layout in ``checkpoint.py``); ``COMPLETE`` goes last."""
+        """Write this optimizer's files into a checkpoint folder (see ``checkpoint.py``)."""
         checkpoint.save(self, path)
 
     def load(self, path: Path) -> None:
         """Restore exactly what ``save`` wrote (refuses a checkpoint without ``COMPLETE``)."""
         checkpoint.load(self, path)
+
+    def servable_weights(self, path: Path) -> Path:
+        """The Hugging Face model folder (``policy/``) inside a checkpoint."""
+        return checkpoint.servable_weights(path)

@@ -1,0 +1,224 @@
+"""The rollout session: start the parts, run trials, record each exactly once, close the parts.
+
+Every command that produces trials goes through one ``RolloutSession``: ``slr run`` (one
+session for the whole run, one ``run`` call per step), ``slr eval`` (one call for every
+sample), ``slr serve`` (sessions opened by hand, recorded without a reward). It is an async
+context manager:
+
+- entering it removes the sandboxes a dead process left (``cleanup_orphans``), prepares
+  every task's environment once, and starts the proxy in front of the engine (without an
+  engine, agents that call no model get stand-in sessions);
+- ``run(specs)`` runs a list of ``TrialSpec`` (task, trial id, group, step) with at most
+  ``concurrency`` at once and returns their ``TrialResult`` in spec order. A spec whose trial
+  id is already recorded in the run directory is not run again: its record is read back, so
+  a resumed run or eval re-runs only what has no record;
+- every finished trial goes through ``record``, the only recording path: it is written to
+  the run directory, logged and announced through ``on_trial_finished`` (a failing hook is
+  logged, never stops the run). A cancelled trial is not recorded, so resume runs it;
+- leaving it stops the proxy and closes the backend and the engine, on every path.
+
+The session knows trials, not training: the loop owns steps, the optimizer and weight
+sync, and only hands the session the specs of a step. Anything that can build a list of
+specs (a later ``slr infer``, a remote rollout worker) can use it as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import attrs
+import structlog
+
+from slr.config import Config
+from slr.contracts import SamplingParams, TerminationReason, TrialResult
+from slr.plugins import PluginManager
+from slr.proxy import Proxy, ProxySessions
+from slr.proxy.server import Session
+from slr.runs import RunDir
+from slr.tasks import Task
+from slr.trial import SessionFactory, StandInSessions, run_trial, run_trials
+
+log = structlog.get_logger()
+
+
+@attrs.frozen(kw_only=True)
+class TrialSpec:
+    """One trial to run: which task, under which id, in which group of which step."""
+
+    task: Task
+    trial_id: str
+    group_id: str | None = None
+    step: int | None = None
+
+
+def emit(plugins: PluginManager, hook: str, **kwargs: Any) -> None:
+    """Event hooks never stop a run: a failing logger is logged and skipped."""
+    try:
+        getattr(plugins.hook, hook)(**kwargs)
+    except Exception:
+        log.exception("event hook failed", hook=hook)
+
+
+def sampling_of(config: Config) -> SamplingParams:
+    """The sampling every command uses: ``[rollout]``'s."""
+    r = config.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
+
+
+class RolloutSession:
+    """Owns the rollout parts for as long as it is entered; see the module docstring.
+
+    ``engine`` may be None (agents that call no model); ``backend``, ``agent`` and
+    ``verifier`` may be None when no trial is run (``slr serve``). ``weights_version`` says
+    which weights a finished trial was generated with (default: the engine's current
+    version). The session closes every part it is given when it is left.
+    """
+
+    def __init__(
+        self,
+        run: RunDir,
+        *,
+        plugins: PluginManager,
+        config: Config,
+        engine: Any = None,
+        backend: Any = None,
+        agent: Any = None,
+        verifier: Any = None,
+        tasks: Sequence[Task] = (),
+        weights_version: Callable[[], int | None] | None = None,
+    ) -> None:
+        self.run_dir, self.plugins, self.config = run, plugins, config
+        self.engine, self.backend, self.agent, self.verifier = engine, backend, agent, verifier
+        self.tasks = list(tasks)
+        self._weights_version = weights_version
+        self.proxy: Proxy | None = None
+        self.sessions: SessionFactory | None = None
+        self._transcripts: ProxySessions | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    # -- entering and leaving ------------------------------------------------------------
+
+    async def __aenter__(self) -> RolloutSession:
+        stack = contextlib.AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            # registered first so it runs last: the proxy stops before the parts close
+            stack.push_async_callback(self._close_parts)
+            if self.backend is not None:
+                await self.backend.cleanup_orphans()
+                for task in {t.id: t for t in self.tasks}.values():
+                    await self.backend.prepare(task)
+            if self.engine is None:
+                self.sessions = StandInSessions()
+            else:
+                proxy = Proxy(self.engine, self.config.proxy, sampling=sampling_of(self.config))
+                self.proxy = await stack.enter_async_context(proxy)
+                protocol = getattr(self.agent, "protocol", "openai")
+                self._transcripts = ProxySessions(
+                    self.proxy, protocol=protocol, transcripts=self.run_dir.path / "trials"
+                )
+                self.sessions = self._transcripts
+        except BaseException as exc:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.__aexit__(exc_type, exc, tb)
+
+    async def _close_parts(self) -> None:
+        # each part is closed even if closing another failed; a close error is logged,
+        # not raised over whatever ended the session
+        for name, part in (("backend", self.backend), ("engine", self.engine)):
+            if part is None:
+                continue
+            try:
+                await part.close()
+            except Exception:
+                log.exception("closing a part failed", part=name)
+
+    # -- trials ----------------------------------------------------------------------------
+
+    def weights_version(self) -> int | None:
+        if self._weights_version is not None:
+            return self._weights_version()
+        return None if self.engine is None else self.engine.weights_version
+
+    async def run(
+        self, specs: Sequence[TrialSpec], *, label: str | None = None
+    ) -> list[TrialResult]:
+        """Run the specs that have no record yet; every spec's result, in spec order."""
+        if self._stack is None:
+            raise RuntimeError("RolloutSession.run needs the session entered (async with)")
+        ids = [s.trial_id for s in specs]
+        if len(set(ids)) != len(ids):
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"trial ids must be unique within a run; given twice: {twice}")
+        recorded = self.run_dir.trial_ids()
+        jobs = [self._job(s) for s in specs if s.trial_id not in recorded]
+        finished = await run_trials(jobs, concurrency=self.config.rollout.concurrency, label=label)
+        done = {r.trial_id: r for r in finished}
+        return [done[i] if i in done else self.run_dir.trial(i) for i in ids]
+
+    def _job(self, spec: TrialSpec):
+        async def job() -> TrialResult:
+            result = await run_trial(
+                spec.task,
+                backend=self.backend,
+                agent=self.agent,
+                verifier=self.verifier,
+                session_factory=self.sessions,
+                trial_id=spec.trial_id,
+                agent_name=self.config.agent.name,
+                run_id=self.run_dir.id,
+                group_id=spec.group_id,
+                step=spec.step,
+            )
+            return self.record(attrs.evolve(result, weights_version=self.weights_version()))
+
+        return job
+
+    def record(self, result: TrialResult) -> TrialResult:
+        """A finished trial: written once to the run directory, logged, announced."""
+        self.run_dir.write_trial(result)
+        log.info(
+            "trial done",
+            trial_id=result.trial_id,
+            termination=result.termination.value,
+            reward=None if result.reward is None else result.reward.value,
+        )
+        emit(self.plugins, "on_trial_finished", run_dir=self.run_dir, trial=result)
+        return result
+
+    # -- sessions opened by hand (slr serve) -----------------------------------------------
+
+    def open_session(self, trial_id: str) -> Session:
+        """A proxy session for a client outside any sandbox (``slr serve``)."""
+        if self.proxy is None:
+            raise RuntimeError("open_session needs an engine and the session entered")
+        return self.proxy.open_session(trial_id)
+
+    async def close_session(self, session: Session, *, task_id: str = "serve") -> TrialResult:
+        """End a session from ``open_session`` and record its trajectory, without reward."""
+        assert self._transcripts is not None
+        trajectory = await self._transcripts.close(session)
+        return self.record(
+            TrialResult(
+                trial_id=session.trial_id,
+                task_id=task_id,
+                termination=session.termination or TerminationReason.COMPLETED,
+                trajectory=trajectory,
+                weights_version=self.weights_version(),
+            )
+        )
