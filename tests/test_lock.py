@@ -5,6 +5,7 @@ re-running scripts/lock fails here, before a fresh machine resolves it different
 from __future__ import annotations
 
 import re
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -42,7 +43,9 @@ def test_every_installed_package_is_locked_at_its_installed_version():
     pins, ours = locked(), workspace_members()
     assert "slr-core" in ours
     wrong = []
-    for dist in metadata.distributions():
+    # The environment's own site-packages: tests may put other folders on sys.path.
+    site = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+    for dist in metadata.distributions(path=site):
         name = _norm(dist.metadata["Name"])
         if name in ours or name in UNLOCKED:
             continue
