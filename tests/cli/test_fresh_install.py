@@ -68,6 +68,14 @@ def test_fresh_venv_install_list_and_uninstall_an_adapter(tmp_path):
         return {r["plugin"]: r for r in json.loads(res.stdout)}
 
     rows = listed()
+    # the core's own model-free agents, with their (empty) bundle folder in the wheel
+    (core,) = [r for r in rows.values() if r["distribution"] == "slr-core"]
+    assert core["registers"] == {"agent": ["oracle", "nop"]}
+    bundle = subprocess.run(
+        [py, "-c", "from slr.agents.model_free import NopAgent; print(NopAgent().bundle().path)"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert Path(bundle.stdout.strip()).is_dir()
     assert rows["hello"]["distribution"] == "slr-adapter-hello"
     assert rows["hello"]["version"] == "0.1.0"
 

@@ -53,7 +53,7 @@ class Defaults:
 def plugins():
     # Only the fakes: installed plugins (slr-engine-hf, slr-optimizer-torch, ...) register the
     # same default names, which would be a duplicate-registration error.
-    manager = PluginManager(load_entry_points=False)
+    manager = PluginManager(load_entry_points=False, load_builtins=False)
     manager.register_plugin(Defaults(), name="defaults", distribution="slr-defaults")
     return manager
 
@@ -153,7 +153,7 @@ def test_reference_page_is_current():
 
 
 def test_only_plugins_validates_just_the_sections_a_command_needs():
-    manager = PluginManager(load_entry_points=False)
+    manager = PluginManager(load_entry_points=False, load_builtins=False)
     manager.register_plugin(Defaults(), name="defaults", distribution="slr-defaults")
     cfg = load_config(
         plugins=manager,

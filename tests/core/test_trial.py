@@ -8,11 +8,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from slr_adapter_oracle.agents import NopAgent, OracleAgent
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local.backend import LocalBackend
 from slr_verifier_harbor.verifier import HarborVerifier
 
+from slr.agents.model_free import NopAgent, OracleAgent
 from slr.contracts import AgentOutcome, Bundle, TerminationReason, TrialResult
 from slr.runs import RunDir
 from slr.sandboxing import labels as labels_mod

@@ -10,6 +10,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
 
 @pytest.fixture(scope="session")
+def verifier():
+    """The conformance suite's verifier: the example tasks are Harbor tasks."""
+    from slr_verifier_harbor.verifier import HarborVerifier
+
+    return HarborVerifier()
+
+
+@pytest.fixture(scope="session")
 def example_tasks():
     tasks = load_tasks(EXAMPLES)
     # The simple task first: the conformance suite starts its plain sandboxes from it.

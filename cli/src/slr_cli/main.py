@@ -10,7 +10,16 @@ import click
 from slr import __version__, log
 from slr.errors import SlrError
 from slr.plugins import get_plugin_manager
-from slr_cli import config_cmd, eval_cmd, new_cmd, plugins_cmd, run_cmd, serve_cmd, status_cmd
+from slr_cli import (
+    check_tasks_cmd,
+    config_cmd,
+    eval_cmd,
+    new_cmd,
+    plugins_cmd,
+    run_cmd,
+    serve_cmd,
+    status_cmd,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,12 +34,14 @@ def cli() -> None:
       slr run -c run.toml         train; --agent/--backend/--set override the file
       slr eval -c run.toml -k 4   pass@k of the base model; --checkpoint runs/<id> after
       slr status runs/<id>        where a run stands
+      slr check-tasks TASKS       validate tasks: oracle scores 1, nop scores 0
       slr serve --engine hf       the policy behind the proxy, for any scaffold by hand
     """
 
 
 cli.add_command(run_cmd.run)
 cli.add_command(eval_cmd.eval_)
+cli.add_command(check_tasks_cmd.check_tasks)
 cli.add_command(plugins_cmd.plugins)
 cli.add_command(config_cmd.config)
 cli.add_command(new_cmd.new)

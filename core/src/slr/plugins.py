@@ -2,7 +2,9 @@
 
 Every agent, sandbox backend, verifier, optimizer and engine is registered by a plugin
 through a ``register_<kind>s(register)`` hook. The manager records which distribution (and
-version) registered what, so errors and ``slr plugins`` can name them.
+version) registered what, so errors and ``slr plugins`` can name them. The core's own
+plugins (``BUILTIN_PLUGINS``, in ``slr.builtin_plugins``) are registered first, attributed
+to slr-core, so nothing the core needs comes from another distribution.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from slr import hookspecs
 from slr.errors import PluginError, UnknownPluginError
 
 ENTRY_POINT_GROUP = "slr"
+#: Plugin modules inside slr-core, registered by every manager before the entry points:
+#: what every installation (and the core's own tests) needs, with no other distribution.
+BUILTIN_PLUGINS: tuple[str, ...] = ("slr.builtin_plugins.model_free_agents",)
+CORE_DISTRIBUTION = "slr-core"
 
 
 @frozen(kw_only=True)
@@ -122,13 +128,27 @@ def _allowlist() -> set[str] | None:
 class PluginManager:
     """pluggy's manager plus the registries filled by the ``register_<kind>s`` hooks."""
 
-    def __init__(self, *, load_entry_points: bool = True) -> None:
+    def __init__(self, *, load_entry_points: bool = True, load_builtins: bool = True) -> None:
         self.pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
         self._registries: dict[str, dict[str, Registration]] | None = None
+        if load_builtins:
+            self._load_builtins()
         if load_entry_points:
             self._load_entry_points()
+
+    def _load_builtins(self) -> None:
+        # Not subject to SLR_LOAD_PLUGINS: they are part of the core, like its commands.
+        from slr import __version__
+
+        for module_name in BUILTIN_PLUGINS:
+            self.register_plugin(
+                importlib.import_module(module_name),
+                name=module_name,
+                distribution=CORE_DISTRIBUTION,
+                version=__version__,
+            )
 
     @property
     def hook(self) -> pluggy.HookRelay:

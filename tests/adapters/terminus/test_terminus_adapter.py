@@ -42,3 +42,18 @@ def test_settings_point_litellm_at_the_endpoint():
     assert settings["model_name"] == "openai/m"
     assert settings["api_base"] == "http://127.0.0.1:9/v1"
     assert settings["model_info"]["max_input_tokens"] == 8192
+
+
+def test_command_brings_its_own_tmux_and_litellm_offline_and_ends_tmux_after():
+    from slr_adapter_terminus.adapter import TMUX_TMPDIR, _end_tmux
+
+    endpoint = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    command, env = Terminus().command("/b", endpoint)
+    # the bundle's tmux after the image's own, a socket folder of its own
+    assert command.startswith('export PATH="$PATH:/b/tools/bin"; mkdir -p ' + TMUX_TMPDIR)
+    assert env["TMUX_TMPDIR"] == TMUX_TMPDIR
+    assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True" and env["OPENAI_API_KEY"] == "k"
+    assert env["LD_LIBRARY_PATH"] == "/b/python/lib"
+    assert _end_tmux("/b") == (
+        f'PATH="$PATH:/b/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server'
+    )

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from slr import bundles
-from slr.bundle_recipes import npm_packages
+from slr.agents import bundles
+from slr.agents.bundle_recipes import npm_packages
+from slr.agents.headless import (
+    AGENT_DIR,
+    INSTRUCTION_ARG,
+    anthropic_base_url,
+    run_scaffold,
+    shell_line,
+)
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, INSTRUCTION_ARG, anthropic_base_url, run_scaffold, shell_line
 
 
 @frozen(kw_only=True)

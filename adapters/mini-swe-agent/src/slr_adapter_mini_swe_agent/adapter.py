@@ -9,12 +9,12 @@ from typing import Literal
 
 from attrs import frozen, validators
 
-from slr import bundles
-from slr.bundle_recipes import python_bin, python_packages
+from slr.agents import bundles
+from slr.agents.bundle_recipes import python_bin, python_env, python_packages
+from slr.agents.headless import AGENT_DIR, openai_base_url, run_scaffold
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
 from slr.errors import UsageError
-from slr.headless import AGENT_DIR, openai_base_url, python_scaffold_env, run_scaffold
 
 # mini's own configs: actions as fenced bash blocks in the text, or as `bash` tool calls.
 _CONFIGS = {
@@ -111,7 +111,9 @@ class MiniSweAgent:
             + f' --task "$(cat {AGENT_DIR}/instruction.md)" </dev/null'
         )
         env = {
-            **python_scaffold_env(root),
+            **python_env(root),
+            # its model calls go through litellm: the price list is read locally, not fetched
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "MSWEA_CONFIGURED": "true",  # skip the first-run setup prompt
             "MSWEA_GLOBAL_CONFIG_DIR": f"{AGENT_DIR}/mini",
             "MSWEA_COST_TRACKING": "ignore_errors",

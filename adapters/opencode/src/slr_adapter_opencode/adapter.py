@@ -6,11 +6,17 @@ import json
 
 from attrs import frozen
 
-from slr import bundles
-from slr.bundle_recipes import npm_packages
+from slr.agents import bundles
+from slr.agents.bundle_recipes import npm_packages
+from slr.agents.headless import (
+    AGENT_DIR,
+    INSTRUCTION_ARG,
+    openai_base_url,
+    run_scaffold,
+    shell_line,
+)
 from slr.config import option
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import AGENT_DIR, INSTRUCTION_ARG, openai_base_url, run_scaffold, shell_line
 
 PROVIDER = "slr"
 

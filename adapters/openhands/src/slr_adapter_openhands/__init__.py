@@ -12,6 +12,6 @@ def register_agents(register):
 
 @hookimpl
 def register_commands(cli):
-    from slr.bundles_cli import add_bundles_command
+    from slr.agents.bundles_cli import add_bundles_command
 
     add_bundles_command(cli)

@@ -4,18 +4,37 @@ from __future__ import annotations
 
 from attrs import frozen, validators
 
-from slr import bundles
-from slr.bundle_recipes import host_tool, python_bin, python_packages
-from slr.config import option
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.headless import (
+from slr.agents import bundles
+from slr.agents.bundle_recipes import (
+    host_tool,
+    host_tools_bin,
+    python_bin,
+    python_env,
+    python_packages,
+)
+from slr.agents.headless import (
     AGENT_DIR,
     driver_command,
     driver_files,
     openai_base_url,
-    python_scaffold_env,
     run_scaffold,
 )
+from slr.config import option
+from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+
+#: Its tmux server's socket folder, its own: the server daemonizes, so it is ended by
+#: name after the run (``_end_tmux``), timed out or not.
+TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
+
+
+def _with_tmux(root: str, command: str) -> str:
+    """``command`` with the bundle's tmux on PATH (after the image's own) and its socket
+    folder in place."""
+    return f'export PATH="$PATH:{host_tools_bin(root)}"; mkdir -p {TMUX_TMPDIR} && {command}'
+
+
+def _end_tmux(root: str) -> str:
+    return f'PATH="$PATH:{host_tools_bin(root)}" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server'
 
 
 @frozen(kw_only=True)
@@ -69,8 +88,15 @@ class Terminus:
 
     def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
         """The command line and environment, with the bundle at ``root`` in the sandbox."""
-        env = {**python_scaffold_env(root), "OPENAI_API_KEY": endpoint.api_key, **self.config.env}
-        return driver_command(python_bin(root, self.config.python)), env
+        env = {
+            **python_env(root),
+            # its model calls go through litellm: the price list is read locally, not fetched
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "TMUX_TMPDIR": TMUX_TMPDIR,
+            "OPENAI_API_KEY": endpoint.api_key,
+            **self.config.env,
+        }
+        return _with_tmux(root, driver_command(python_bin(root, self.config.python))), env
 
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
@@ -82,7 +108,7 @@ class Terminus:
             endpoint,
             timeout_s=timeout_s,
             python=True,
-            tmux=True,  # it types its commands into a tmux session
+            cleanup=_end_tmux,  # it types its commands into a tmux session
             files=driver_files("slr_adapter_terminus", self.settings(endpoint)),
             logs_from=[f"{AGENT_DIR}/terminus"],
         )

@@ -17,6 +17,8 @@ import attrs
 import pytest
 from attrs import frozen
 
+from slr.agents.headless import KILL_GRACE_S, ScaffoldCrashed, bundle_root
+from slr.agents.model_free import NopAgent, OracleAgent
 from slr.contracts import (
     AgentAdapter,
     AgentOutcome,
@@ -30,8 +32,6 @@ from slr.contracts import (
     SandboxError,
     TerminationReason,
 )
-from slr.headless import KILL_GRACE_S, ScaffoldCrashed, bundle_root
-from slr.plugins import get_plugin_manager
 from slr.testing.sandbox_probes import (
     HTTP_PROBE,
     INTERFACES,
@@ -136,10 +136,13 @@ class EngineTests:
 class SandboxBackendTests:
     """The sandbox contract, as the trial runner and the anti-hacking rules rely on it.
 
-    Provide ``backend`` (a ``SandboxBackend``; session scope recommended) and
+    Provide ``backend`` (a ``SandboxBackend``; session scope recommended),
     ``example_tasks`` (loaded ``slr.tasks.Task``s; the bundled ``examples/tasks`` or tasks
     like them: the first is a simple one, one has a git repository with history and
-    ``restore_git_history = true``, each has an oracle solution). Optionally override
+    ``restore_git_history = true``, each has an oracle solution) and ``verifier`` (the
+    ``Verifier`` that scores those tasks' tests, e.g. slr-verifier-harbor's for Harbor
+    tasks). The agents are the core's own model-free ones (``oracle``, ``nop``,
+    ``slr.agents.model_free``). Optionally override
     ``unreachable_hosts``: addresses on this machine that the agent phase must not reach
     (a gateway, containers the test made), as ``host`` (the suite's own host listener's
     port is used) or ``host:port``. Each must be reachable from the host (checked).
@@ -245,10 +248,9 @@ class SandboxBackendTests:
 
     @pytest.mark.parametrize("agent_name", ["oracle", "nop"])
     def test_every_example_task_oracle_scores_1_nop_scores_0(
-        self, backend, example_tasks, agent_name
+        self, backend, example_tasks, verifier, agent_name
     ):
-        agent = get_plugin_manager().get("agent", agent_name).create()
-        verifier = get_plugin_manager().get("verifier", "harbor").create()
+        agent = OracleAgent() if agent_name == "oracle" else NopAgent()
         results = _run(
             run_trials(
                 [
@@ -272,10 +274,10 @@ class SandboxBackendTests:
             assert {"start_s", "agent_s", "verifier_s", "total_s"} <= set(r.timings)
 
     def test_agent_phase_hides_tests_solution_history_and_network(
-        self, backend, example_tasks, unreachable_hosts
+        self, backend, example_tasks, verifier, unreachable_hosts
     ):
         task = next(t for t in example_tasks if t.restore_git_history)
-        verifier = ProbeVerifier(get_plugin_manager().get("verifier", "harbor").create())
+        verifier = ProbeVerifier(verifier)
         with stand_in_proxy() as url, decoy_listener() as port:
             agent = ProbeAgent(targets=[_target(h, port) for h in unreachable_hosts])
             result = _run(
@@ -342,8 +344,8 @@ class AgentAdapterTests:
     """The contract every agent adapter keeps. Provide an ``adapter`` fixture.
 
     Adapters whose scaffold talks to a model subclass ``ScaffoldAdapterTests``, which adds
-    the checks against the real scaffold; agents that call no model (``oracle``, ``nop``)
-    subclass this one.
+    the checks against the real scaffold; agents that call no model (the core's ``oracle``
+    and ``nop``) subclass this one.
     """
 
     def test_is_an_adapter(self, adapter):

@@ -1,7 +1,8 @@
 """Running a scaffold headless in a sandbox: its files in, one command, its own logs out.
 
 The agent adapters share this; each supplies only what is its scaffold's own (command line,
-environment, config files, where its logs are).
+environment, config files, where its logs are, what to end after it): this module knows no
+particular scaffold, library or tool.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import contextlib
 import json
 import shlex
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
-from slr.bundles import MARKER
+from slr.agents.bundles import Marker
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox, SandboxError
 from slr.errors import SlrError
 
@@ -152,9 +153,8 @@ async def bundle_root(sandbox: Sandbox, bundle: Bundle) -> str:
     else the mount point (a bundle without a marker, such as a package folder)."""
     from slr.trial import BUNDLE_MOUNT
 
-    needle = shlex.quote(f'"version": {json.dumps(bundle.version)}')
     script = (
-        f"if grep -qF {needle} {BUNDLE_MOUNT}/{MARKER} 2>/dev/null; "
+        f"if {Marker.shell_test(BUNDLE_MOUNT, bundle.version)}; "
         f"then echo {BUNDLE_MOUNT}; elif [ -d {shlex.quote(str(bundle.path))} ]; "
         f"then echo {shlex.quote(str(bundle.path))}; else echo {BUNDLE_MOUNT}; fi"
     )
@@ -171,8 +171,6 @@ PYTHON_CRASH = "Traceback (most recent call last)"
 #: The shell word that expands to the trial's instruction (uploaded as a file: no quoting
 #: or argument-length limits).
 INSTRUCTION_ARG = f'"$(cat {AGENT_DIR}/instruction.md)"'
-#: Where a tmux-driving scaffold's server puts its socket, so it can be ended afterwards.
-TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
 
 
 class HeadlessScaffold(Protocol):
@@ -188,14 +186,6 @@ def shell_line(argv: Sequence[str], *tail: str) -> str:
     """``argv`` quoted for the shell, then ``tail`` words as they are (e.g.
     ``INSTRUCTION_ARG``), with stdin closed (headless CLIs otherwise wait on it)."""
     return " ".join([*(shlex.quote(a) for a in argv), *tail, "</dev/null"])
-
-
-def python_scaffold_env(root: str) -> dict[str, str]:
-    """Environment for a Python scaffold on the bundle's interpreter at ``root``; litellm
-    (which every Python scaffold here uses) reads its price list locally, not from the net."""
-    from slr.bundle_recipes import python_env
-
-    return {**python_env(root), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 def driver_files(package: str, settings: Mapping[str, Any]) -> dict[str, str]:
@@ -224,26 +214,20 @@ async def run_scaffold(
     files: Mapping[str, str] | None = None,
     logs_from: Sequence[str] = (),
     python: bool = False,
-    tmux: bool = False,
+    cleanup: Callable[[str], str] | None = None,
 ) -> AgentOutcome:
     """An adapter's whole ``run``: find its bundle in ``sandbox``, build the command and
     environment (``adapter.command(root, endpoint)``), upload the instruction
     (``AGENT_DIR/instruction.md``) and ``files`` (relative to ``AGENT_DIR``), run it headless under
     ``timeout_s`` and gather ``logs_from`` and the bundle's version into the logs.
 
-    ``python``: a Python scaffold (an uncaught exception is a crash). ``tmux``: it drives
-    tmux: the image's tmux or else the bundle's (``tools/bin``), a socket folder of its own
-    (``TMUX_TMPDIR``), and its server ended afterwards.
+    ``python``: a Python scaffold (an uncaught exception is a crash). ``cleanup``: given the
+    bundle's ``root``, a shell line run after the scaffold ended, timed out or not, to end
+    what it started outside its own process tree (e.g. a tmux server, which daemonizes).
     """
     bundle = adapter.bundle()
     root = await bundle_root(sandbox, bundle)
     command, env = adapter.command(root, endpoint)
-    cleanup = None
-    if tmux:
-        path = f'PATH="$PATH:{root}/tools/bin"'
-        command = f"export {path}; mkdir -p {TMUX_TMPDIR} && {command}"
-        env = {"TMUX_TMPDIR": TMUX_TMPDIR, **env}
-        cleanup = f"{path} TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server"
     return await run_headless(
         sandbox,
         command=command,
@@ -252,6 +236,6 @@ async def run_scaffold(
         bundle=bundle,
         files={"instruction.md": instruction, **(files or {})},
         logs_from=logs_from,
-        cleanup=cleanup,
+        cleanup=cleanup(root) if cleanup is not None else None,
         crash_markers=[PYTHON_CRASH] if python else (),
     )

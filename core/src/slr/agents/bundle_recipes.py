@@ -1,9 +1,9 @@
-"""Building blocks for bundle recipes (see ``slr.bundles``): npm packages, a Python
+"""Building blocks for bundle recipes (see ``slr.agents.bundles``): npm packages, a Python
 interpreter with packages, and host tools (tmux) with their shared libraries.
 
 Bundles are relocatable: nothing in them names the folder they were built in, so a backend
-may mount them at any path. Everything a bundle needs comes with it, because task images are arbitrary: a Debian image
-with Python 3.11 must still run a scaffold that needs Python 3.12 or Node 20. The host
+may mount them at any path. Everything a bundle needs comes with it, because task images
+are arbitrary: a Debian image with Python 3.11 must still run a scaffold that needs Python 3.12 or Node 20. The host
 and the images are expected to share a C library generation (glibc), as Debian-based task
 images on a Debian host do.
 """
@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from slr.bundles import BuildStep, BundleError
+from slr.agents.bundles import BuildStep, BundleError
 
 # Libraries every glibc system has; never copied into a bundle.
 _SYSTEM_LIBS = re.compile(r"^(ld-linux|libc|libm|libdl|libpthread|librt|libresolv)[.-]")
@@ -164,13 +164,20 @@ def host_tool(step: BuildStep, name: str, *, hint: str) -> Path:
     wrapper = step.path / "tools" / "bin" / name
     wrapper.parent.mkdir(parents=True, exist_ok=True)
     # Paths relative to the wrapper: the bundle may be mounted anywhere. The libraries come
-    # last, so an image's own copies win when it has them.
+    # last, so an image's own copies win when it has them. Shell built-ins only (no
+    # dirname): the image may lack coreutils, or PATH may not reach them.
     wrapper.write_text(
         "#!/bin/sh\n"
-        'tools=$(cd "$(dirname "$0")/.." && pwd)\n'
+        'tools=$(cd "${0%/*}/.." && pwd)\n'
         f'LD_LIBRARY_PATH="${{LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}}$tools/lib/{name}" '
         f'exec "$tools/libexec/{name}" "$@"\n'
     )
     wrapper.chmod(0o755)
     step.report(f"copied {binary} with {len(list(libdir.iterdir()))} libraries")
     return wrapper
+
+
+def host_tools_bin(bundle_root: str) -> str:
+    """The folder of ``host_tool``'s wrappers, as seen from wherever the bundle is mounted
+    (for a ``PATH``; put it after the image's own folders so the image's tools win)."""
+    return f"{bundle_root}/tools/bin"

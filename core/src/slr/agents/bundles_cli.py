@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import time
 
+import attrs
 import click
 
-from slr import bundles
+from slr.agents import bundles
 from slr.errors import SlrError
 from slr.plugins import get_plugin_manager
 
@@ -23,7 +24,7 @@ def add_bundles_command(cli: click.Group) -> None:
 
 @click.group("bundles")
 def bundles_group() -> None:
-    """Agent runtime bundles (npm packages, Python venvs), built once and reused."""
+    """Agent runtime bundles (npm packages, a Python with packages), built once and reused."""
 
 
 @bundles_group.command("build")
@@ -56,9 +57,10 @@ def build(names: tuple[str, ...]) -> None:
 def list_(as_json: bool) -> None:
     """List the built bundles in the cache folder."""
     rows = []
-    for marker in sorted(bundles.bundles_dir().glob(f"*/{bundles.MARKER}")):
-        info = json.loads(marker.read_text())
-        rows.append({**info, "path": str(marker.parent)})
+    for path in sorted(bundles.bundles_dir().glob(f"*/{bundles.MARKER}")):
+        marker = bundles.Marker.read(path.parent)
+        if marker is not None:  # an unreadable marker: not a bundle; `build` redoes it
+            rows.append({**attrs.asdict(marker), "path": str(path.parent)})
     for row in rows:
         click.echo(json.dumps(row) if as_json else f"{row['name']} {row['version']} {row['path']}")
     if not rows and not as_json:

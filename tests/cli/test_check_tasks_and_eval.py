@@ -1,4 +1,4 @@
-"""The oracle and nop agents, and `slr check-tasks` / `slr eval` run as a user runs them."""
+"""`slr check-tasks` and `slr eval` with the core's model-free agents, run as a user runs them."""
 
 from __future__ import annotations
 
@@ -9,25 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from slr_adapter_oracle.agents import NopAgent, OracleAgent
 
-from slr.testing import AgentAdapterTests
-
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "tasks"
 SLR = str(Path(sys.executable).with_name("slr"))
-
-
-class TestOracleConformance(AgentAdapterTests):
-    @pytest.fixture
-    def adapter(self):
-        return OracleAgent()
-
-
-class TestNopConformance(AgentAdapterTests):
-    @pytest.fixture
-    def adapter(self):
-        return NopAgent()
 
 
 def slr(*args, cwd):

@@ -1,4 +1,10 @@
-"""The ``oracle`` and ``nop`` agents (``slr.contracts.AgentAdapter``)."""
+"""The agents that call no model: ``oracle`` (the task's own solution) and ``nop``.
+
+They ship with the core, registered by the plugin manager itself
+(``slr.builtin_plugins.model_free_agents``), because every installation needs them: they
+validate tasks and sandbox backends (a sound task scores 1 with the oracle and 0 with nop,
+``slr check-tasks``), and the core's own tests and conformance suites run trials with them.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,8 @@ from slr import __version__
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
 from slr.tasks import SOLUTION_DIR
 
-BUNDLE = Path(__file__).with_name("bundle")
+#: An empty folder: these agents need no runtime in the sandbox, yet every agent has a bundle.
+EMPTY_BUNDLE = Path(__file__).with_name("empty_bundle")
 
 
 class _NoModelAgent:
@@ -19,7 +26,7 @@ class _NoModelAgent:
 
     def bundle(self) -> Bundle:
         """Nothing to install in the sandbox: an empty bundle."""
-        return Bundle(path=BUNDLE, version=__version__)
+        return Bundle(path=EMPTY_BUNDLE, version=__version__)
 
 
 class OracleAgent(_NoModelAgent):

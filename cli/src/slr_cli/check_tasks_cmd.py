@@ -1,6 +1,7 @@
 """``slr check-tasks``: run tasks end to end with the oracle and nop agents (no model).
 
-``slr eval`` (the core CLI) runs these agents too, and agents that call the policy."""
+The agents are the core's own (``slr.agents.model_free``); ``slr eval`` runs them too, and
+agents that call the policy."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from slr.agents.model_free import NopAgent, OracleAgent
 from slr.config import parse_set
 from slr.config.structure import structure
 from slr.contracts import TrialResult, to_dict
@@ -111,8 +113,6 @@ def check_tasks(paths, backend, backend_opts, verifier, concurrency, as_json) ->
     Exits 1 when any task fails the check (broken build, oracle below 1, nop above 0).
     """
     tasks = [t for p in paths for t in load_tasks(p)]
-    from slr_adapter_oracle.agents import NopAgent, OracleAgent
-
     results = asyncio.run(
         _run_all(
             tasks,

@@ -9,7 +9,8 @@ Nothing is installed per trial.
 
 Builds are serialised across processes with a file lock, happen in a temporary folder
 beside the final one and are renamed into place when complete, with a ``.slr-bundle.json``
-marker: a build killed half-way is redone, never used.
+marker (``Marker``, the one reader and writer of that file): a build killed half-way, or a
+folder whose marker is missing, unreadable or for another bundle, is rebuilt, never used.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,6 +35,7 @@ from slr.errors import SlrError
 
 log = structlog.get_logger()
 
+#: The file whose presence (with a matching name and version) makes a bundle folder complete.
 MARKER = ".slr-bundle.json"
 
 
@@ -56,6 +59,8 @@ class BuildStep:
 
     path: Path
     report: Callable[[str], None]
+    #: The bundle's ``name-version`` (for errors); the path is a temporary folder.
+    bundle: str = ""
 
     def run(self, argv: Sequence[str | Path], *, env: dict[str, str] | None = None) -> None:
         """Run one build command, its output shown as progress; fail with its tail."""
@@ -77,8 +82,9 @@ class BuildStep:
                 self.report(line)
         if proc.wait() != 0:
             raise BundleError(
-                f"building bundle {self.path.name}: `{' '.join(argv)}` exited with "
-                f"{proc.returncode}:\n" + "\n".join(tail)
+                f"building bundle {self.bundle or self.path.name}: `{' '.join(argv)}` exited "
+                f"with {proc.returncode}:\n" + "\n".join(tail) + "\nFix the cause shown above "
+                "and run again: the half-built folder was removed, the build starts afresh."
             )
 
 
@@ -111,10 +117,49 @@ def _locked(lock_path: Path, name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+@frozen(kw_only=True)
+class Marker:
+    """What ``MARKER`` in a bundle folder records: which bundle it is and how long it took."""
+
+    name: str
+    version: str
+    build_seconds: float = 0.0
+
+    def write(self, folder: Path) -> None:
+        # json.dumps' default separators: ``shell_test`` greps for exactly this spelling.
+        (folder / MARKER).write_text(
+            json.dumps(
+                {"name": self.name, "version": self.version, "build_seconds": self.build_seconds}
+            )
+        )
+
+    @classmethod
+    def read(cls, folder: Path) -> Marker | None:
+        """The marker in ``folder``, or None when it is missing or not a marker (cut short)."""
+        try:
+            raw = json.loads((folder / MARKER).read_text())
+            return cls(
+                name=str(raw["name"]),
+                version=str(raw["version"]),
+                build_seconds=float(raw.get("build_seconds", 0.0)),
+            )
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    @staticmethod
+    def shell_test(folder: str, version: str) -> str:
+        """A shell condition, true when ``folder`` (as a sandbox sees it) holds a complete
+        bundle of ``version``: for finding a bundle where no Python runs."""
+        needle = shlex.quote(f'"version": {json.dumps(version)}')
+        return f"grep -qF {needle} {folder}/{MARKER} 2>/dev/null"
+
+
 def existing(name: str, version: str) -> Bundle | None:
-    """The finished bundle, or None when it has not been built (yet)."""
+    """The finished bundle, or None when it has not been built (yet), or its folder holds
+    no valid marker for ``name-version`` (a partial or foreign folder: ``ensure`` rebuilds it)."""
     path = bundles_dir() / f"{name}-{version}"
-    if (path / MARKER).is_file():
+    marker = Marker.read(path)
+    if marker is not None and (marker.name, marker.version) == (name, version):
         return Bundle(path=path, version=version)
     return None
 
@@ -143,16 +188,14 @@ def ensure(name: str, version: str, recipe: Recipe) -> Bundle:
         started = time.monotonic()
         print(f"building bundle {folder} in {path} (once; later runs reuse it)", file=sys.stderr)
         try:
-            recipe(BuildStep(path=building, report=report))
+            recipe(BuildStep(path=building, report=report, bundle=folder))
         except BaseException:
             stop()
             shutil.rmtree(building, ignore_errors=True)
             raise
         stop()
         took = time.monotonic() - started
-        (building / MARKER).write_text(
-            json.dumps({"name": name, "version": version, "build_seconds": round(took, 1)})
-        )
+        Marker(name=name, version=version, build_seconds=round(took, 1)).write(building)
         building.rename(path)
         print(f"built bundle {folder} in {took:.0f}s ({_size_mb(path)} MB)", file=sys.stderr)
         log.info("bundle built", bundle=folder, seconds=round(took, 1))
