@@ -9,12 +9,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from slr_adapter_oracle.agents import NopAgent, OracleAgent
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local.backend import LocalBackend
 from slr_verifier_harbor.verifier import HarborVerifier
 
 from slr import hookimpl
+from slr.agents.model_free import NopAgent, OracleAgent
 from slr.config import Config, load_config
 from slr.contracts import AgentOutcome
 from slr.plugins import get_plugin_manager

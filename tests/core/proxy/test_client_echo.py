@@ -10,6 +10,7 @@ or add fields of their own SDK's message object; none of that changes what the m
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import openai
 import pytest
@@ -76,7 +77,7 @@ def test_an_echoed_reply_extends_the_segment(echo_proxy, echo):
     assert len(traj.segments) == 1, f"{echo}: the echoed history was judged rewritten"
     (seg,) = traj.segments
     # every call's prompt is the previous prompt plus exactly the tokens the engine generated
-    for (p_prev, g_prev), (p_next, _) in zip(calls, calls[1:], strict=False):
+    for (p_prev, g_prev), (p_next, _) in itertools.pairwise(calls):
         assert p_next[: len(p_prev) + len(g_prev.token_ids)] == (*p_prev, *g_prev.token_ids)
     assert sum(seg.loss_mask) == sum(len(g.token_ids) for _, g in calls)
 
