@@ -22,7 +22,7 @@ def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume) 
 
     \b
     Examples:
-      slr run -c examples/quickstart/run.toml
+      slr run -c examples/quickstart/slr.toml
       slr run --agent opencode --backend docker --set rollout.n_per_task=8
       slr run --resume runs/quickstart-20261130-101500
 

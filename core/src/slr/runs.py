@@ -12,7 +12,8 @@
 Every whole-file write goes to a temporary file and is renamed into place. Appends are
 flushed at once and fsynced when ``sync()`` is called at step boundaries. A process killed
 mid-append leaves at most a torn last line, which readers skip and the next writer repairs.
-The dashboard, ``slr status`` and resume read only through ``RunDir``.
+``slr status``, ``slr eval --checkpoint`` and resume read only through ``RunDir`` (and
+``slr.checkpoints``).
 """
 
 from __future__ import annotations
