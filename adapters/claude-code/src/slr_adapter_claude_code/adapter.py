@@ -7,7 +7,7 @@ from attrs import frozen
 from slr import bundles
 from slr.bundle_recipes import npm_packages
 from slr.config import option
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 from slr.headless import AGENT_DIR, INSTRUCTION_ARG, anthropic_base_url, run_scaffold, shell_line
 
 
@@ -24,7 +24,7 @@ class ClaudeCodeConfig:
     env: dict[str, str] = option(factory=dict, doc="More environment variables for `claude`.")
 
 
-class ClaudeCode:
+class ClaudeCode(AgentAdapter):
     """Claude Code speaks the Anthropic Messages API (streaming)."""
 
     protocol = "anthropic"

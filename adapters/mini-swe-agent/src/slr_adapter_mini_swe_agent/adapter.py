@@ -12,7 +12,7 @@ from attrs import frozen, validators
 from slr import bundles
 from slr.bundle_recipes import python_bin, python_packages
 from slr.config import option
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 from slr.errors import UsageError
 from slr.headless import AGENT_DIR, openai_base_url, python_scaffold_env, run_scaffold
 
@@ -64,7 +64,7 @@ class MiniSweAgentConfig:
     env: dict[str, str] = option(factory=dict, doc="More environment variables for mini.")
 
 
-class MiniSweAgent:
+class MiniSweAgent(AgentAdapter):
     """mini-swe-agent speaks OpenAI Chat Completions (non-streaming) through litellm."""
 
     protocol = "openai"

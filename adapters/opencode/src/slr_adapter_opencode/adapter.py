@@ -9,7 +9,7 @@ from attrs import frozen
 from slr import bundles
 from slr.bundle_recipes import npm_packages
 from slr.config import option
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 from slr.headless import AGENT_DIR, INSTRUCTION_ARG, openai_base_url, run_scaffold, shell_line
 
 PROVIDER = "slr"
@@ -32,7 +32,7 @@ class OpenCodeConfig:
     env: dict[str, str] = option(factory=dict, doc="More environment variables for OpenCode.")
 
 
-class OpenCode:
+class OpenCode(AgentAdapter):
     """OpenCode speaks OpenAI Chat Completions (always streaming, tool-call deltas)."""
 
     protocol = "openai"

@@ -7,7 +7,7 @@ from attrs import frozen, validators
 from slr import bundles
 from slr.bundle_recipes import host_tool, python_bin, python_packages
 from slr.config import option
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 from slr.headless import (
     AGENT_DIR,
     driver_command,
@@ -41,7 +41,7 @@ class OpenHandsConfig:
     env: dict[str, str] = option(factory=dict, doc="More environment variables for the agent.")
 
 
-class OpenHands:
+class OpenHands(AgentAdapter):
     """OpenHands speaks OpenAI Chat Completions (non-streaming, native tool calls) via litellm."""
 
     protocol = "openai"

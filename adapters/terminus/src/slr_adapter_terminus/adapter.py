@@ -7,7 +7,7 @@ from attrs import frozen, validators
 from slr import bundles
 from slr.bundle_recipes import host_tool, python_bin, python_packages
 from slr.config import option
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 from slr.headless import (
     AGENT_DIR,
     driver_command,
@@ -36,7 +36,7 @@ class TerminusConfig:
     env: dict[str, str] = option(factory=dict, doc="More environment variables for the agent.")
 
 
-class Terminus:
+class Terminus(AgentAdapter):
     """Terminus-2 speaks OpenAI Chat Completions (non-streaming) through litellm; its
     actions are JSON keystrokes sent to a tmux session."""
 
