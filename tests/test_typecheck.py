@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,15 @@ def test_pyright_reports_no_errors():
     )
     summary = proc.stdout.strip().splitlines()[-1:] or [proc.stderr.strip()]
     assert proc.returncode == 0, f"pyright: {summary[0]}\n{proc.stdout}\n{proc.stderr}"
+
+
+def test_every_distribution_is_type_checked():
+    members = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "members.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pyright"]
+    missing = [f"{m}/src" for m in members if f"{m}/src" not in config["include"]]
+    assert not missing, f"add {missing} to [tool.pyright] include in pyproject.toml"

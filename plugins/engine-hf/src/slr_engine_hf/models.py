@@ -148,7 +148,7 @@ def _convert(gguf: Path, target: Path, *, progress: bool) -> None:
         # (minus the quantization marker) takes the de-quantized weights unchanged.
         config = quantized.config
         if hasattr(config, "quantization_config"):
-            del config.quantization_config
+            delattr(config, "quantization_config")
         config.dtype = torch.float32
         fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         missing, unexpected = fresh.load_state_dict(quantized.state_dict(), strict=False)

@@ -98,7 +98,7 @@ class LocalSandbox:
                 cwd=inner_cwd,
                 env=full_env,
                 network=self.network == "full",
-                link_dir=self.link.dir if relay else None,
+                link_dir=self.link.dir if relay and self.link is not None else None,
                 mounts=self.mounts,
             )
             proc_env = dict(BASE_ENV)
