@@ -1,8 +1,10 @@
-"""Every hook is documented with its exact signature, and exercised by some test."""
+"""Every hook is documented with its exact signature, its parameters' types and an example,
+and exercised by some test."""
 
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from slr import hookspecs
 
 ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "plugins" / "hooks.md"
 HOOKS = [
     name
     for name, fn in vars(hookspecs).items()
@@ -21,11 +24,36 @@ def test_there_are_hooks():
     assert {"register_agents", "on_trial_finished", "register_commands"} <= set(HOOKS)
 
 
+def section(name: str) -> str:
+    """The part of hooks.md under the hook's heading, up to the next heading."""
+    params = ", ".join(inspect.signature(getattr(hookspecs, name)).parameters)
+    heading = f"### `{name}({params})`"
+    doc = DOC.read_text()
+    assert heading in doc, f"document `{name}({params})` in docs/plugins/hooks.md"
+    return re.split(r"^#{2,3} ", doc.split(heading, 1)[1], flags=re.MULTILINE)[0]
+
+
 @pytest.mark.parametrize("name", HOOKS)
 def test_hook_is_documented_with_its_signature(name):
-    params = ", ".join(inspect.signature(getattr(hookspecs, name)).parameters)
-    doc = (ROOT / "docs" / "plugins" / "hooks.md").read_text()
-    assert f"### `{name}({params})`" in doc, f"document `{name}({params})` in docs/plugins/hooks.md"
+    section(name)
+
+
+@pytest.mark.parametrize("name", HOOKS)
+def test_hook_parameters_are_typed_and_documented_with_their_types(name):
+    text = section(name)
+    for param in inspect.signature(getattr(hookspecs, name)).parameters.values():
+        # The annotation as written in slr.hookspecs (a string: postponed evaluation).
+        assert isinstance(param.annotation, str), f"annotate {name}'s parameter {param.name}"
+        line = f"- `{param.name}` (`{param.annotation}`)"
+        assert line in text, f"document {name}'s parameter as: {line}: ..."
+
+
+@pytest.mark.parametrize("name", HOOKS)
+def test_hook_has_an_example(name):
+    blocks = re.findall(r"```python\n(.*?)```", section(name), flags=re.DOTALL)
+    assert any(f"@hookimpl\ndef {name}(" in block for block in blocks), (
+        f"add a ```python example implementing {name} under its heading in hooks.md"
+    )
 
 
 @pytest.mark.parametrize("name", HOOKS)

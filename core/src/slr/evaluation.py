@@ -103,7 +103,7 @@ class Evaluation:
         if not self.tasks:
             raise UsageError(f"no tasks found under tasks.path = {str(config.tasks.path)!r}")
         self.agent = build_plugin(config, self.plugins, "agent")
-        self.needs_model = getattr(self.agent, "needs_model", True)
+        self.needs_model = self.agent.needs_model
         self.checkpoint = None
         if checkpoint is not None:
             if not self.needs_model:

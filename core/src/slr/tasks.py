@@ -24,16 +24,18 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 from attrs import field, frozen
 
+from slr.contracts.sandbox import NetworkMode, network_mode
 from slr.errors import UsageError
 
 log = structlog.get_logger()
 
-NetworkMode = Literal["full", "none"]
+# A phase's network after the agent phase: proxy-only is the agent phase's alone.
+PHASE_NETWORKS: tuple[NetworkMode, ...] = ("full", "none")
 
 TASK_TOML = "task.toml"
 INSTRUCTION = "instruction.md"
@@ -61,7 +63,9 @@ class VerifierSettings:
     timeout_s: float = 600.0
     user: str | None = None
     env: dict[str, str] = field(factory=dict)
-    network: NetworkMode = "full"
+    network: NetworkMode = field(
+        default="full", validator=lambda _, __, value: network_mode(value, allowed=PHASE_NETWORKS)
+    )
 
 
 @frozen(kw_only=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import sys
 import tempfile
 import time
@@ -66,9 +65,11 @@ class SessionFactory(Protocol):
 
     async def open(self, trial_id: str) -> tuple[Endpoint, Any]:
         """A session for one trial: its endpoint as the host sees it, and a handle."""
+        ...
 
     async def close(self, handle: Any) -> Trajectory | None:
         """End the session and return everything the policy generated in it."""
+        ...
 
 
 class StandInSessions:
@@ -183,6 +184,17 @@ async def run_trials(
 
 
 class _Trial:
+    # Set from ``run_trial``'s arguments, which ``__init__`` takes as keywords.
+    task: Task
+    backend: SandboxBackend
+    agent: AgentAdapter
+    verifier: Verifier
+    sessions: SessionFactory
+    trial_id: str
+    agent_name: str | None
+    labels: dict[str, str]
+    agent_timeout_s: float | None
+
     def __init__(self, **kw: Any) -> None:
         self.__dict__.update(kw)
         self.timings: dict[str, float] = {}
@@ -265,6 +277,7 @@ class _Trial:
             if task.squash_git_history:
                 await self._guard(self._squash_git(), "squashing the git history")
         sandbox = self.sandbox
+        assert sandbox is not None  # started above
 
         # -- agent phase -----------------------------------------------------------------
         try:
@@ -283,7 +296,7 @@ class _Trial:
                     ),
                     "making the agent log folder",
                 )
-                kwargs = {"task": task} if _accepts_task(self.agent) else {}
+                kwargs = {"task": task} if self.agent.accepts_task else {}
                 outcome: AgentOutcome = await asyncio.wait_for(
                     self.agent.run(sandbox, task.instruction, inner, timeout_s=timeout, **kwargs),
                     # The adapter enforces the timeout itself; this is the backstop.
@@ -312,9 +325,7 @@ class _Trial:
         # -- verifier phase --------------------------------------------------------------
         async with self._timed("verifier"):
             # Nothing the agent started may outlive its phase (tampering with the tests).
-            end = getattr(sandbox, "end_processes", None)
-            if end is not None:
-                await self._guard(end(), "ending the agent's processes")
+            await self._guard(sandbox.end_processes(), "ending the agent's processes")
             if self.git_backup is not None and task.restore_git_history:
                 await self._guard(self._restore_git(), "restoring the git history")
             await self._guard(sandbox.set_network(task.verifier.network), "setting the network")
@@ -408,16 +419,6 @@ class _Trial:
         # Shielded: a cancelled trial still removes its sandbox.
         await asyncio.shield(asyncio.ensure_future(cleanup()))
         self.timings["cleanup_s"] = round(time.monotonic() - start, 4)
-
-
-def _accepts_task(agent: Any) -> bool:
-    """Adapters that want the task (its solution, its ``[agent] user``) take ``task=``."""
-    if getattr(agent, "accepts_task", False):
-        return True
-    try:
-        return "task" in inspect.signature(agent.run).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 # Re-create the repository with the working tree as its only commit, owned as before.

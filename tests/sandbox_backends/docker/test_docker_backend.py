@@ -26,7 +26,7 @@ from slr_backend_docker.backend import (
 )
 from slr_backend_docker.base_image import BASE_TAG
 
-from slr.contracts import AgentOutcome, Bundle, SandboxError, TerminationReason
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, SandboxError, TerminationReason
 from slr.plugins import get_plugin_manager
 from slr.tasks import load_task
 from slr.testing import SandboxBackendTests
@@ -162,7 +162,7 @@ def test_broken_dockerfile_fails_with_its_build_log_and_other_trials_go_on(
     assert good.termination == TerminationReason.COMPLETED and good.reward.value == 1.0
 
 
-class _KillsItsContainer:
+class _KillsItsContainer(AgentAdapter):
     """An agent whose sandbox is killed from outside while its command runs."""
 
     protocol = "openai"
@@ -290,7 +290,7 @@ def test_exec_in_a_removed_container_is_a_sandbox_error(backend, example_tasks):
     _run(go())
 
 
-class _LeavesAForgerRunning:
+class _LeavesAForgerRunning(AgentAdapter):
     """Starts a detached process that keeps writing reward 1, then 'finishes'."""
 
     protocol = "openai"
@@ -342,7 +342,7 @@ def test_images_base_is_cached(tmp_path):
     assert f"{BASE_TAG} already exists" in res.stdout
 
 
-class _BlocksInSandbox:
+class _BlocksInSandbox(AgentAdapter):
     protocol = "openai"
 
     def __init__(self):

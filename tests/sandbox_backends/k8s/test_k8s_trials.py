@@ -9,14 +9,14 @@ import pytest
 from k8s_support import NAMESPACE, run
 from kubernetes.utils import parse_quantity
 
-from slr.contracts import AgentOutcome, Bundle, TerminationReason
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, TerminationReason
 from slr.plugins import get_plugin_manager
 from slr.trial import StandInSessions, run_trial, run_trials
 
 pytestmark = pytest.mark.k8s
 
 
-class DeletesItsPod:
+class DeletesItsPod(AgentAdapter):
     """An agent whose pod is deleted from outside while its command runs."""
 
     protocol = "openai"

@@ -14,7 +14,7 @@ from slr.agents.headless import (
     shell_line,
 )
 from slr.config import option
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 
 
 @frozen(kw_only=True)
@@ -30,7 +30,7 @@ class ClaudeCodeConfig:
     env: dict[str, str] = option(factory=dict, doc="More environment variables for `claude`.")
 
 
-class ClaudeCode:
+class ClaudeCode(AgentAdapter):
     """Claude Code speaks the Anthropic Messages API (streaming)."""
 
     protocol = "anthropic"

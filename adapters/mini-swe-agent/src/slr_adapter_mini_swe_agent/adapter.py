@@ -13,7 +13,7 @@ from slr.agents import bundles
 from slr.agents.bundle_recipes import python_bin, python_env, python_packages
 from slr.agents.headless import AGENT_DIR, openai_base_url, run_scaffold
 from slr.config import option
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 from slr.errors import UsageError
 
 # mini's own configs: actions as fenced bash blocks in the text, or as `bash` tool calls.
@@ -64,7 +64,7 @@ class MiniSweAgentConfig:
     env: dict[str, str] = option(factory=dict, doc="More environment variables for mini.")
 
 
-class MiniSweAgent:
+class MiniSweAgent(AgentAdapter):
     """mini-swe-agent speaks OpenAI Chat Completions (non-streaming) through litellm."""
 
     protocol = "openai"

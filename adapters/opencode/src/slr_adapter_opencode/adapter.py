@@ -16,7 +16,7 @@ from slr.agents.headless import (
     shell_line,
 )
 from slr.config import option
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 
 PROVIDER = "slr"
 
@@ -38,7 +38,7 @@ class OpenCodeConfig:
     env: dict[str, str] = option(factory=dict, doc="More environment variables for OpenCode.")
 
 
-class OpenCode:
+class OpenCode(AgentAdapter):
     """OpenCode speaks OpenAI Chat Completions (always streaming, tool-call deltas)."""
 
     protocol = "openai"

@@ -20,7 +20,7 @@ from slr.agents.headless import (
     run_scaffold,
 )
 from slr.config import option
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 
 #: Its tmux server's socket folder, its own: the server daemonizes, so it is ended by
 #: name after the run (``_end_tmux``), timed out or not.
@@ -60,7 +60,7 @@ class OpenHandsConfig:
     env: dict[str, str] = option(factory=dict, doc="More environment variables for the agent.")
 
 
-class OpenHands:
+class OpenHands(AgentAdapter):
     """OpenHands speaks OpenAI Chat Completions (non-streaming, native tool calls) via litellm."""
 
     protocol = "openai"

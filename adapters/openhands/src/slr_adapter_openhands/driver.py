@@ -14,10 +14,11 @@ from pathlib import Path
 
 
 def main(settings: dict) -> int:
-    from openhands.sdk import LLM, Agent, Conversation, Tool
-    from openhands.tools.file_editor import FileEditorTool
-    from openhands.tools.task_tracker import TaskTrackerTool
-    from openhands.tools.terminal import TerminalTool
+    # The SDK lives in the bundle's venv (Python >= 3.12), where this runs, not the dev venv.
+    from openhands.sdk import LLM, Agent, Conversation, Tool  # pyright: ignore[reportMissingImports]
+    from openhands.tools.file_editor import FileEditorTool  # pyright: ignore[reportMissingImports]
+    from openhands.tools.task_tracker import TaskTrackerTool  # pyright: ignore[reportMissingImports]
+    from openhands.tools.terminal import TerminalTool  # pyright: ignore[reportMissingImports]
     from pydantic import SecretStr
 
     known = {t.name: t for t in (TerminalTool, FileEditorTool, TaskTrackerTool)}

@@ -27,7 +27,8 @@ class ThisMachine:
         self.workdir = workdir
 
     async def exec(self, command, cwd=None, env=None, timeout_sec=None, user=None):
-        from harbor.environments.base import ExecResult
+        # harbor lives in the bundle's venv (Python >= 3.12), where this runs.
+        from harbor.environments.base import ExecResult  # pyright: ignore[reportMissingImports]
 
         proc = await asyncio.create_subprocess_exec(
             "bash", "-c", command,
@@ -64,8 +65,9 @@ class ThisMachine:
 
 
 async def main(settings: dict) -> int:
-    from harbor.agents.terminus_2.terminus_2 import Terminus2
-    from harbor.models.agent.context import AgentContext
+    # harbor lives in the bundle's venv (Python >= 3.12), where this runs.
+    from harbor.agents.terminus_2.terminus_2 import Terminus2  # pyright: ignore[reportMissingImports]
+    from harbor.models.agent.context import AgentContext  # pyright: ignore[reportMissingImports]
 
     logs = Path(settings["logs_dir"])
     logs.mkdir(parents=True, exist_ok=True)

@@ -120,7 +120,7 @@ def python_packages(
         prefix,
         step.path / "python",
         symlinks=True,
-        ignore=lambda d, names: [n for n in names if n in _PY_SKIP and "lib" in d],
+        ignore=lambda d, names: [n for n in names if n in _PY_SKIP and "lib" in str(d)],
     )
     (step.path / "python" / "lib" / f"python{version}" / "site-packages").mkdir(exist_ok=True)
     own = step.path / "python" / "bin" / f"python{version}"

@@ -9,17 +9,16 @@ validate tasks and sandbox backends (a sound task scores 1 with the oracle and 0
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from slr import __version__
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox
-from slr.tasks import SOLUTION_DIR
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
+from slr.tasks import SOLUTION_DIR, Task
 
 #: An empty folder: these agents need no runtime in the sandbox, yet every agent has a bundle.
 EMPTY_BUNDLE = Path(__file__).with_name("empty_bundle")
 
 
-class _NoModelAgent:
+class _NoModelAgent(AgentAdapter):
     protocol = "openai"  # never used: these agents make no model calls
     needs_model = False
     """No proxy needed: ``slr eval`` / ``check-tasks`` run them with stand-in sessions."""
@@ -32,7 +31,8 @@ class _NoModelAgent:
 class OracleAgent(_NoModelAgent):
     """Runs the task's own ``solution/solve.sh``: the reference a task must score 1 with."""
 
-    # ``run`` takes ``task=``, so the trial runner passes it: the solution lives there.
+    accepts_task = True
+    """The trial runner passes ``task=``: the solution lives there."""
 
     async def run(
         self,
@@ -41,11 +41,12 @@ class OracleAgent(_NoModelAgent):
         endpoint: Endpoint,
         *,
         timeout_s: float,
-        task: Any = None,
+        task: Task | None = None,
     ) -> AgentOutcome:
-        if task is None or task.solution_dir is None:
-            where = getattr(task, "path", "the task")
-            raise RuntimeError(f"{where} has no solution/solve.sh for the oracle to run")
+        if task is None:
+            raise RuntimeError("the oracle agent runs a task's solution: call run with task=")
+        if task.solution_dir is None:
+            raise RuntimeError(f"{task.path} has no solution/solve.sh for the oracle to run")
         await sandbox.upload(task.solution_dir, SOLUTION_DIR)
         await sandbox.exec(["chmod", "-R", "a+rX", SOLUTION_DIR], user="root", cwd="/")
         res = await sandbox.exec(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typing
+from typing import Any
 
 import attrs
 
@@ -22,12 +23,14 @@ line with `--set section.key=value`.
 
 
 def _default(field: attrs.Attribute) -> str:
-    if field.default is attrs.NOTHING:
+    default: Any = field.default
+    if default is attrs.NOTHING:
         return "required"
-    if isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
-        value = field.default.factory()
+    # attrs.Factory is a class at run time, a function in attrs' type stubs.
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        value = default.factory()
     else:
-        value = field.default
+        value = default
     return f"`{value!r}`" if not hasattr(value, "__fspath__") else f"`{str(value)!r}`"
 
 

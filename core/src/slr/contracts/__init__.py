@@ -13,11 +13,20 @@ from slr.contracts.records import (
     Trajectory,
     TrialResult,
 )
-from slr.contracts.sandbox import BrokenEnvironment, Sandbox, SandboxBackend, SandboxError
+from slr.contracts.sandbox import (
+    NETWORK_MODES,
+    BrokenEnvironment,
+    NetworkMode,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    network_mode,
+)
 from slr.contracts.serialize import from_dict, to_dict
 from slr.contracts.verifier import Verifier, VerifierError, VerifierTimeout
 
 __all__ = [
+    "NETWORK_MODES",
     "AgentAdapter",
     "AgentOutcome",
     "BrokenEnvironment",
@@ -28,6 +37,7 @@ __all__ = [
     "EngineUnavailable",
     "ExecResult",
     "Generation",
+    "NetworkMode",
     "Optimizer",
     "Reward",
     "SamplingParams",
@@ -42,5 +52,6 @@ __all__ = [
     "VerifierError",
     "VerifierTimeout",
     "from_dict",
+    "network_mode",
     "to_dict",
 ]

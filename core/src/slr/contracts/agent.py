@@ -40,19 +40,32 @@ class AgentOutcome:
 
 @runtime_checkable
 class AgentAdapter(Protocol):
-    """A thin adapter for one scaffold. Never a fork: configuration, command line, logs."""
+    """A thin adapter for one scaffold. Never a fork: configuration, command line, logs.
+
+    Subclass it (``class MyScaffold(AgentAdapter):``) to inherit the defaults of
+    ``needs_model`` and ``accepts_task``; a class that does not subclass it defines both.
+    """
 
     protocol: Protocol_
     """Which API the scaffold speaks through the proxy."""
 
+    needs_model: bool = True
+    """Whether the scaffold calls the policy. ``False`` (the ``oracle`` and ``nop`` agents):
+    ``slr eval`` runs it with stand-in sessions and loads no engine."""
+
+    accepts_task: bool = False
+    """Whether ``run`` takes a ``task`` keyword. ``True``: the trial runner passes the
+    ``slr.tasks.Task`` as ``task=`` (for its ``[agent] user``, or its solution)."""
+
     def bundle(self) -> Bundle:
         """Build (once, cached, locked) and return the scaffold's runtime bundle."""
+        ...
 
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
         """Run the scaffold headless on ``instruction`` inside ``sandbox`` until it exits.
 
-        An adapter whose ``run`` also takes a ``task`` keyword gets the ``slr.tasks.Task``
-        (the trial runner checks the signature): for its ``[agent] user``, or its solution.
+        An adapter with ``accepts_task = True`` also takes ``task: slr.tasks.Task``.
         """
+        ...

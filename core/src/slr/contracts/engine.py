@@ -21,10 +21,12 @@ class Engine(Protocol):
     @property
     def tokenizer(self) -> Any:
         """A Hugging Face tokenizer (chat template included) matching the served model."""
+        ...
 
     @property
     def max_context(self) -> int:
         """The most tokens (prompt + completion) the engine accepts."""
+        ...
 
     @property
     def weights_version(self) -> int: ...
@@ -33,14 +35,17 @@ class Engine(Protocol):
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Generation:
         """Sample a completion. A prompt longer than ``max_context`` raises ``ContextOverflow``."""
+        ...
 
     async def update_weights(
         self, state_dict: Mapping[str, Any], *, version: int | None = None
     ) -> int:
         """Swap in new weights between generations; returns the new version."""
+        ...
 
     async def health(self) -> bool:
         """True while the engine can serve."""
+        ...
 
     async def close(self) -> None: ...
 

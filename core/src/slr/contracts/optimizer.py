@@ -13,9 +13,11 @@ from slr.contracts.records import TrialResult
 class Optimizer(Protocol):
     def step(self, batch: Sequence[TrialResult]) -> Mapping[str, float]:
         """Update the policy on ``batch`` (trainable trials, grouped); returns step metrics."""
+        ...
 
     def export_weights(self) -> Mapping[str, Any]:
         """The current policy weights, for ``Engine.update_weights``."""
+        ...
 
     def save(self, path: Path) -> None:
         """Write a checkpoint (weights, optimizer state, RNG) into the folder ``path``.
@@ -24,12 +26,15 @@ class Optimizer(Protocol):
         ``COMPLETE`` marker written once everything is on disk, the loop's state) belongs
         to ``slr.checkpoints``, which calls ``save``.
         """
+        ...
 
     def load(self, path: Path) -> None:
         """Restore exactly what ``save`` wrote (``path`` is a complete checkpoint)."""
+        ...
 
     def servable_weights(self, path: Path) -> Path | None:
         """Where, inside the checkpoint folder ``path`` that ``save`` wrote, lies a model
         folder an engine can serve (e.g. a Hugging Face ``from_pretrained`` folder), or
         None if the checkpoint has none. Recorded in the checkpoint, so ``slr eval
         --checkpoint`` serves it without building the optimizer."""
+        ...

@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
 
 from slr.contracts.records import ExecResult
+
+if TYPE_CHECKING:
+    from slr.tasks import Task
+
+NetworkMode = Literal["proxy-only", "none", "full"]
+"""A sandbox's network: ``"proxy-only"`` (only the policy's proxy is reachable: the agent
+phase), ``"none"`` (no network at all) or ``"full"`` (the task's own choice for its verifier)."""
+
+NETWORK_MODES: tuple[NetworkMode, ...] = get_args(NetworkMode)
+
+
+def network_mode(value: object, *, allowed: Iterable[NetworkMode] = NETWORK_MODES) -> NetworkMode:
+    """``value`` as a ``NetworkMode``, or a ``ValueError`` that names it and what is allowed.
+
+    The one check for a network mode that comes from outside typed code (a task file, a
+    config value): sandboxes take the typed value and do not check it again.
+    """
+    allowed = tuple(allowed)
+    for mode in allowed:
+        if value == mode:
+            return mode
+    raise ValueError(f"network mode {value!r}: expected one of {', '.join(allowed)}")
 
 
 @runtime_checkable
@@ -29,51 +51,67 @@ class Sandbox(Protocol):
         A string runs as ``bash -c COMMAND`` (not a login shell, so the image's ``PATH``
         stands; ``slr.sandboxing.command_argv``), a sequence as an argv.
         """
+        ...
 
     async def upload(self, src: Path, dest: str) -> None:
         """Copy a host file or folder to ``dest`` inside the sandbox."""
+        ...
 
     async def download(self, src: str, dest: Path) -> None:
         """Copy ``src`` from the sandbox to the host."""
+        ...
 
     def proxy_url(self, host_url: str) -> str:
         """The URL under which this sandbox reaches a proxy the host serves at ``host_url``."""
+        ...
 
-    async def set_network(self, mode: str) -> None:
-        """``"proxy-only"`` during the agent phase; ``"none"`` or ``"full"`` per the task."""
+    async def set_network(self, mode: NetworkMode) -> None:
+        """``"proxy-only"`` during the agent phase; ``"none"`` or ``"full"`` per the task.
+
+        A sandbox starts in ``"proxy-only"`` and never goes back to it (``SandboxError``).
+        ``mode`` is already valid (``network_mode`` checks untyped values at the boundary).
+        """
+        ...
+
+    async def end_processes(self) -> None:
+        """Kill every process still running in the sandbox (the sandbox itself stays).
+
+        The trial runner calls it between the agent and the verifier phase, so nothing the
+        agent started can tamper with the tests or the reward file.
+        """
+        ...
 
     async def stop(self) -> None:
         """Destroy the sandbox. Idempotent; always called."""
-
-    # Optional (looked up with getattr, so older sandboxes still conform):
-    #   async def end_processes(self) -> None
-    #       Kill every process still running in the sandbox; the trial runner calls it
-    #       between the agent and the verifier phase.
+        ...
 
 
 @runtime_checkable
 class SandboxBackend(Protocol):
     """Makes sandboxes from task environments."""
 
-    async def prepare(self, task: Any) -> None:
+    async def prepare(self, task: Task) -> None:
         """Build or fetch what ``start`` needs for this task (image build, cached by content)."""
+        ...
 
     async def start(
         self,
-        task: Any,
+        task: Task,
         *,
         trial_id: str,
         labels: Mapping[str, str],
         mounts: Mapping[Path, str] | None = None,
     ) -> Sandbox:
-        """A fresh sandbox for one trial of ``task`` (a ``slr.tasks.Task``).
+        """A fresh sandbox for one trial of ``task``.
 
         It starts in the agent phase's network mode, ``"proxy-only"``. ``mounts`` maps host
         folders (an agent's bundle) to read-only paths inside the sandbox.
         """
+        ...
 
     async def cleanup_orphans(self) -> int:
         """Remove sandboxes left by crashed runs (found by label); returns how many."""
+        ...
 
     async def close(self) -> None: ...
 

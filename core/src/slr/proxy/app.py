@@ -105,7 +105,7 @@ def build_app(proxy: Proxy) -> Litestar:
             {"object": "list", "data": data, "has_more": False, "first_id": first, "last_id": last}
         )
 
-    async def complete(request: Request, api: Any, protocol: str, request_cls: type) -> Response:
+    async def complete(request: Request, api: Any, protocol: Api, request_cls: type) -> Response:
         """One model call in either API: the two differ only in their wire format."""
         state = proxy._state(_token(request), protocol)
         body = await _decode(request, request_cls, limit)

@@ -18,7 +18,7 @@ import msgspec
 
 from slr.proxy import sse
 from slr.proxy.errors import ApiError
-from slr.proxy.messages import Message, Tool, ToolCall
+from slr.proxy.messages import Message, Role, Tool, ToolCall
 from slr.proxy.session import ChatRequest, ChatResult
 
 
@@ -75,7 +75,12 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     seed: int | None = None
 
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
 
 
 def _text(content: str | list[dict[str, Any]] | None, where: str, *, lenient: bool = False) -> str:

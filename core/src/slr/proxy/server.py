@@ -46,7 +46,7 @@ class Session:
     trial_id: str
     token: str
     base_url: str  # http://host:port/s/<token>
-    _state: SessionState = field(repr=False, eq=False)
+    _state: SessionState = field(repr=False, eq=False, alias="state")
 
     @property
     def openai_base_url(self) -> str:

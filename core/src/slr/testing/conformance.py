@@ -351,6 +351,8 @@ class AgentAdapterTests:
     def test_is_an_adapter(self, adapter):
         assert isinstance(adapter, AgentAdapter)
         assert adapter.protocol in ("openai", "anthropic")
+        # Read directly by the trial runner and `slr eval`: every adapter has them.
+        assert isinstance(adapter.needs_model, bool) and isinstance(adapter.accepts_task, bool)
 
     def test_config_is_documented(self, adapter):
         config = getattr(adapter, "config", None)

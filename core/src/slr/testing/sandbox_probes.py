@@ -16,7 +16,8 @@ from typing import Any
 
 import attrs
 
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Reward, Sandbox
+from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Reward, Sandbox
+from slr.tasks import Task
 
 PROXY_REPLY = "slr-stand-in-proxy-ok"
 
@@ -127,12 +128,13 @@ def parse_view(text: str) -> dict[str, str]:
 
 
 @attrs.define
-class ProbeAgent:
+class ProbeAgent(AgentAdapter):
     """A test agent: records what the agent phase can see and reach, then does nothing."""
 
     targets: Sequence[tuple[str, int]] = ()
     protocol = "openai"
     needs_model = False
+    accepts_task = True
     seen: dict[str, Any] = attrs.field(factory=dict)
 
     def bundle(self) -> Bundle:
@@ -141,8 +143,15 @@ class ProbeAgent:
         return Bundle(path=Path("/nonexistent-slr-bundle"), version="probe")
 
     async def run(
-        self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float, task=None
+        self,
+        sandbox: Sandbox,
+        instruction: str,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float,
+        task: Task | None = None,
     ) -> AgentOutcome:
+        assert task is not None, "the trial runner passes task= (accepts_task)"
         view = await sandbox.exec(AGENT_VIEW, env={"SLR_PROBE_TASK_PATH": str(task.path)})
         self.seen["view"] = parse_view(view.stdout)
         self.seen["endpoint"] = endpoint.base_url
@@ -163,7 +172,7 @@ class ProbeVerifier:
     inner: Any
     seen: dict[str, Any] = attrs.field(factory=dict)
 
-    async def verify(self, sandbox: Sandbox, task: Any) -> Reward:
+    async def verify(self, sandbox: Sandbox, task: Task) -> Reward:
         log = await sandbox.exec("git log --format=%s 2>&1")
         self.seen["subjects"] = log.stdout.strip().splitlines()
         return await self.inner.verify(sandbox, task)

@@ -177,7 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._sse(_openai_chunks(reply, model, body), done=True)
         return self._send(200, _openai_completion(reply, model))
 
-    def _sse(self, events: list[tuple[str | None, dict]], done: bool = False) -> None:
+    def _sse(self, events: Sequence[tuple[str | None, dict]], done: bool = False) -> None:
         out = []
         for name, data in events:
             if name:

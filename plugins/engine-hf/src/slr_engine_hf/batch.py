@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, heads, L, dim]
 
 
 def cache_tensors(cache: DynamicCache) -> KV:
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    # transformers types ``layers`` to include linear-attention layers, which hold no keys;
+    # the attention models this engine serves have key/value layers only.
+    return [(layer.keys, layer.values) for layer in cache.layers]  # pyright: ignore
 
 
 def make_cache(kv: KV) -> DynamicCache:
@@ -29,7 +34,7 @@ def make_cache(kv: KV) -> DynamicCache:
 
 
 def _forward(
-    model: torch.nn.Module, cache: DynamicCache, routing_k: int, **inputs: torch.Tensor
+    model: PreTrainedModel, cache: DynamicCache, routing_k: int, **inputs: torch.Tensor
 ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor | None]:
     """One forward pass with a cache: (logits, cache, routing). ``routing`` is None unless
     ``routing_k`` > 0: then the top-``routing_k`` expert ids of every MoE layer for every
@@ -45,7 +50,9 @@ def _forward(
     out = decoder(
         **inputs, **{_cache_arg(decoder): cache}, use_cache=True, output_router_logits=True
     )
-    logits = model.get_output_embeddings()(out.last_hidden_state)
+    head = model.get_output_embeddings()
+    assert head is not None  # a causal LM has its output head
+    logits = head(out.last_hidden_state)
     per_layer = [r.topk(routing_k, dim=-1).indices for r in out["router_logits"]]
     return logits, _cache_of(out), torch.stack(per_layer, dim=1).to("cpu")
 
@@ -153,7 +160,7 @@ class Batch:
     @torch.inference_mode()
     def step(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         next_tokens: Sequence[int],
         positions: Sequence[int],
         routing_k: int = 0,
@@ -184,7 +191,7 @@ class Batch:
 
 @torch.inference_mode()
 def prefill(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     token_ids: Sequence[int],
     prefix: KV | None,
     prefix_len: int,

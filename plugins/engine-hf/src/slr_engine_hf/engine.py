@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
@@ -15,6 +15,9 @@ from slr.contracts import ContextOverflow, EngineUnavailable, Generation, Sampli
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.models import resolve
 from slr_engine_hf.scheduler import Request, Scheduler
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = structlog.get_logger()
 
@@ -39,15 +42,15 @@ class HfEngine:
         if config.threads:
             torch.set_num_threads(config.threads)
         folder = resolve(config.model)
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_DTYPES[config.dtype]).to(
-            config.device
-        )
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_DTYPES[config.dtype])
+        # PreTrainedModel.to is wrapped in a decorator whose annotations lose the bound self.
+        model.to(config.device)  # pyright: ignore[reportArgumentType]
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         self._setup(model, tokenizer, config, source=str(folder))
 
     @classmethod
     def from_model(
-        cls, model: torch.nn.Module, tokenizer: Any, config: HfEngineConfig | None = None
+        cls, model: PreTrainedModel, tokenizer: Any, config: HfEngineConfig | None = None
     ) -> HfEngine:
         """Serve a model object already in memory (tests, the embedded trainer)."""
         engine = cls.__new__(cls)

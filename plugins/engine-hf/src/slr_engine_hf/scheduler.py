@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
@@ -23,6 +23,9 @@ import torch
 from slr.contracts import EngineUnavailable, Generation, SamplingParams
 from slr_engine_hf.batch import KV, Batch, prefill
 from slr_engine_hf.sampling import new_generator, sample_rows
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = structlog.get_logger()
 
@@ -107,7 +110,7 @@ class Scheduler(threading.Thread):
     def __init__(
         self,
         *,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         tokenizer: Any,
         max_batch: int,
         max_context: int,

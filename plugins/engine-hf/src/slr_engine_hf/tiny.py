@@ -18,13 +18,16 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from filelock import FileLock
 
 from slr_engine_hf.config import DEFAULT_MODEL
 from slr_engine_hf.models import PACKAGED, cache_dir, packaged_gguf
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 Architecture = Literal["qwen2", "qwen3_moe", "mixtral"]
 
@@ -60,8 +63,8 @@ def tiny_model(
     experts_per_token: int = 2,
     max_context: int = 2048,
     seed: int = 0,
-    tok: Any | None = None,
-) -> tuple[torch.nn.Module, Any]:
+    tok: Any = None,
+) -> tuple[PreTrainedModel, Any]:
     """A randomly initialised causal LM of ``architecture`` and the SmolLM2 tokenizer.
 
     ``qwen3_moe`` and ``mixtral`` build mixture-of-experts models (``experts`` experts,
@@ -70,7 +73,7 @@ def tiny_model(
     from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2Config, Qwen3MoeConfig
 
     tok = tok if tok is not None else tokenizer()
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=len(tok),
         hidden_size=hidden,
         intermediate_size=hidden * 2,
@@ -88,7 +91,8 @@ def tiny_model(
     elif architecture == "qwen3_moe":
         config = Qwen3MoeConfig(
             **common,
-            head_dim=hidden // heads,
+            # accepted at run time; transformers' annotations of the config omit it
+            head_dim=hidden // heads,  # pyright: ignore[reportCallIssue]
             moe_intermediate_size=hidden,
             num_experts=experts,
             num_experts_per_tok=experts_per_token,
@@ -106,6 +110,7 @@ def tiny_model(
         )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    assert model.generation_config is not None  # every causal LM has one
     model.generation_config.eos_token_id = tok.eos_token_id
     model.eval()
     return model, tok
@@ -119,7 +124,7 @@ def chat_prompt(tok: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list
 
 
 def teach(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     tok: Any,
     examples: Sequence[tuple[Sequence[int], str | Sequence[int]]],
     *,
@@ -159,6 +164,10 @@ def teach(
     # Only completion positions need logits: run the decoder, then the head on those rows.
     decoder = getattr(model, model.base_model_prefix)
     head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(
+            f"teach needs a model with an output head; {type(model).__name__} has none"
+        )
     where = labels[:, 1:] != -100
     wanted = labels[:, 1:][where]
 
@@ -201,7 +210,7 @@ def teach(
     return float(worst.item())
 
 
-def save(model: torch.nn.Module, tok: Any, folder: str | os.PathLike[str]) -> Path:
+def save(model: PreTrainedModel, tok: Any, folder: str | os.PathLike[str]) -> Path:
     """Write a model folder that ``HfEngine(HfEngineConfig(model=str(folder)))`` loads."""
     path = Path(folder)
     model.save_pretrained(path, safe_serialization=True)

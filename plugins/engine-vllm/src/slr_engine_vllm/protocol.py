@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from slr.contracts import ContextOverflow, Generation, SamplingParams
+from slr.contracts.records import FinishReason
 
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 _CONTEXT = re.compile(r"maximum (?:context|model) length is (\d+)", re.IGNORECASE)
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class ProtocolError(RuntimeError):

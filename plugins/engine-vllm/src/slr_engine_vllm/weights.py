@@ -63,7 +63,10 @@ class NcclTransport:
 
 def _nccl_engine() -> Any:
     try:
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+        # vllm is the GPU trainer's own dependency, not this distribution's.
+        from vllm.distributed.weight_transfer.nccl_engine import (  # pyright: ignore[reportMissingImports]
+            NCCLWeightTransferEngine,
+        )
     except ImportError as exc:
         raise UsageError(
             "pushing weights to vLLM over NCCL needs vllm installed in the trainer process "

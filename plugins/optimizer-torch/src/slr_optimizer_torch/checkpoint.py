@@ -21,7 +21,7 @@ import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -58,7 +58,7 @@ def save(opt: TorchOptimizer, path: Path) -> None:
     if opt.value_head is not None:
         torch.save(opt.value_head.state_dict(), path / "value_head.pt")
     torch.save(opt.optim.state_dict(), path / "optimizer.pt")
-    rng = {"torch": torch.get_rng_state(), "shuffle": opt.generator.get_state()}
+    rng: dict[str, Any] = {"torch": torch.get_rng_state(), "shuffle": opt.generator.get_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save(rng, path / "rng.pt")

@@ -9,12 +9,15 @@ in float32, so behaviour and trainer log-probs agree to rounding when the weight
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = structlog.get_logger()
 
@@ -43,7 +46,9 @@ def resolve_model_name(name: str) -> str:
     return name
 
 
-def load_causal_lm(name_or_path: str, *, dtype: torch.dtype, device: torch.device) -> nn.Module:
+def load_causal_lm(
+    name_or_path: str, *, dtype: torch.dtype, device: torch.device
+) -> PreTrainedModel:
     """A Hugging Face causal LM from a folder (or hub id), in ``dtype`` on ``device``."""
     from transformers import AutoModelForCausalLM
 
@@ -62,7 +67,8 @@ def load_causal_lm(name_or_path: str, *, dtype: torch.dtype, device: torch.devic
             f"cannot load model {name_or_path!r} for training: {exc}. Point [optimizer] model "
             f"at a Hugging Face model folder (config.json + weights)."
         ) from exc
-    return model.to(device)
+    # PreTrainedModel.to is wrapped in a decorator whose annotations lose the bound self.
+    return model.to(device)  # pyright: ignore[reportArgumentType]
 
 
 @attrs.define
@@ -84,7 +90,7 @@ class Scorer:
     the full forward instead.
     """
 
-    def __init__(self, model: nn.Module, *, temperature: float) -> None:
+    def __init__(self, model: PreTrainedModel, *, temperature: float) -> None:
         if temperature <= 0:
             from slr.errors import ConfigError
 
@@ -137,7 +143,9 @@ class Scorer:
                 input_ids=input_ids, attention_mask=attention_mask
             ).last_hidden_state[:, :-1][select]
         if self.selective:
-            logits = self.model.get_output_embeddings()(hidden)
+            head = self.model.get_output_embeddings()
+            assert head is not None  # selective: _head_is_separable found it
+            logits = head(hidden)
         else:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
             logits = logits[:, :-1][select]
@@ -176,8 +184,11 @@ class ValueHead(nn.Module):
         return self.linear(hidden)
 
 
-def hidden_size(model: nn.Module) -> int:
-    return int(model.get_output_embeddings().weight.shape[1])
+def hidden_size(model: PreTrainedModel) -> int:
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output head to size a value head by")
+    return int(head.weight.shape[1])
 
 
 def tokenizer_files(folder: Any) -> list[Path]:

@@ -32,8 +32,9 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -56,6 +57,9 @@ from slr_optimizer_torch.model import (
 )
 from slr_optimizer_torch.verl_config import actor_config, algo_config, check_names
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class TorchOptimizer:
     """The embedded trainer (``slr.contracts.Optimizer``). See the module docstring."""
@@ -66,8 +70,8 @@ class TorchOptimizer:
         *,
         algorithm: AlgorithmSection,
         temperature: float,
-        model: nn.Module | None = None,
-        ref_model: nn.Module | None = None,
+        model: PreTrainedModel | None = None,
+        ref_model: PreTrainedModel | None = None,
     ) -> None:
         from verl.trainer.ppo import core_algos
 
@@ -79,7 +83,8 @@ class TorchOptimizer:
         dtype = DTYPES[options.dtype]
         if model is None:
             model = load_causal_lm(options.model, dtype=dtype, device=self.device)
-        self.model = model.to(self.device)
+        # PreTrainedModel.to is wrapped in a decorator whose annotations lose the bound self.
+        self.model = model.to(self.device)  # pyright: ignore[reportArgumentType]
         if options.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self._set_mode()
@@ -97,7 +102,8 @@ class TorchOptimizer:
                     if options.ref_model
                     else copy.deepcopy(self.model)
                 )
-            ref_model = ref_model.to(self.device).eval().requires_grad_(False)
+            ref_model.to(self.device)  # pyright: ignore[reportArgumentType]  # as self.model
+            ref_model = ref_model.eval().requires_grad_(False)
             self.ref_scorer = Scorer(ref_model, temperature=self.temperature)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -107,20 +113,27 @@ class TorchOptimizer:
         self.optim = torch.optim.AdamW(
             params,
             lr=options.lr,
-            betas=tuple(options.betas),
+            betas=(options.betas[0], options.betas[1]),
             eps=options.eps,
             weight_decay=options.weight_decay,
         )
         self.actor_cfg = actor_config(algorithm, options)
         self.algo_cfg = algo_config(algorithm, options)
-        self.policy_loss_fn = core_algos.get_policy_loss_fn(algorithm.policy_loss)
+        # verl annotates the registered losses as positional; they are called by keyword.
+        self.policy_loss_fn: Callable[..., Any] = core_algos.get_policy_loss_fn(
+            algorithm.policy_loss
+        )
         self.generator = torch.Generator().manual_seed(options.seed)
         self.steps = 0  # step() calls
         self.updates = 0  # parameter updates applied
 
     @classmethod
     def from_config(
-        cls, config: Config, *, model: nn.Module | None = None, ref_model: nn.Module | None = None
+        cls,
+        config: Config,
+        *,
+        model: PreTrainedModel | None = None,
+        ref_model: PreTrainedModel | None = None,
     ) -> TorchOptimizer:
         """Build from a whole run config; the model defaults to the engine's (``[engine] model``)."""
         options = config.optimizer.options or TorchOptimizerConfig()
@@ -279,6 +292,7 @@ class TorchOptimizer:
         self.actor_cfg.global_batch_info.clear()
         self.actor_cfg.global_batch_info.update(info)
         self.optim.zero_grad(set_to_none=True)
+        assert tb.advantages is not None  # computed by step() before the update
         for micro in self._micro(tb, rows):
             length = int(tb.lengths[micro].max())
             width = length - 1
@@ -318,9 +332,10 @@ class TorchOptimizer:
                 {"actor/entropy": float(scores.entropy[mask].detach().mean())}, n_tokens
             )
             if ref_logprobs is not None:
+                # verl annotates torch.FloatTensor, which torch's stubs never return.
                 kld = kl_penalty(
-                    logprob=logprobs,
-                    ref_logprob=self._slice(ref_logprobs, micro, width),
+                    logprob=logprobs,  # pyright: ignore[reportArgumentType]
+                    ref_logprob=self._slice(ref_logprobs, micro, width),  # pyright: ignore[reportArgumentType]
                     kl_penalty=opts.kl_loss_type,
                 )
                 kl_loss = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=mode, **info)
@@ -328,6 +343,7 @@ class TorchOptimizer:
                 acc.add_weighted({"actor/kl_ref": float(kld[mask].detach().mean())}, n_tokens)
             if self.value_head is not None:
                 assert values is not None and tb.returns is not None
+                assert scores.values is not None  # scored with the value head
                 vf_loss, vf_clipfrac = compute_value_loss(
                     vpreds=scores.values,
                     returns=self._slice(tb.returns, micro, width),

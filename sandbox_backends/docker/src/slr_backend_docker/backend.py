@@ -141,7 +141,7 @@ class DockerBackend:
                             else:
                                 bound.debug("build", line=line)
                 if "error" in chunk:
-                    error = chunk["error"].strip()
+                    error = str(chunk["error"]).strip()
                     lines.append(error)
         except docker.errors.APIError as exc:
             error = str(exc)

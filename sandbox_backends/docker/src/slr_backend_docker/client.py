@@ -13,7 +13,8 @@ def connect(base_url: str | None = None, *, timeout: float = 120.0):
         client = (
             docker.DockerClient(base_url=base_url, timeout=timeout)
             if base_url
-            else docker.from_env(timeout=timeout)
+            # docker's annotations say int; requests, which does the waiting, takes a float.
+            else docker.from_env(timeout=timeout)  # pyright: ignore[reportArgumentType]
         )
         client.ping()
     except docker.errors.DockerException as exc:

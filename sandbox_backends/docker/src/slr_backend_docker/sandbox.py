@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from slr.contracts import ExecResult, SandboxError
+from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class DockerSandbox:
         self.id = container.id
         self.link = link
         self.proxy_port = proxy_port
-        self.network = "proxy-only"
+        self.network: NetworkMode = "proxy-only"
         self._stopped = False
 
     @property
@@ -209,9 +209,7 @@ class DockerSandbox:
         self.link.set_target(*target)
         return inner
 
-    async def set_network(self, mode: str) -> None:
-        if mode not in ("proxy-only", "none", "full"):
-            raise ValueError(f"network mode {mode!r}: expected proxy-only, none or full")
+    async def set_network(self, mode: NetworkMode) -> None:
         if mode == self.network:
             return
         if mode == "proxy-only":

@@ -89,8 +89,11 @@ class KubeApi:
         self.configuration = cfg
         self.host = cfg.host
         self.api_client = client.ApiClient(cfg)
-        self.core = client.CoreV1Api(self.api_client)
-        self.networking = client.NetworkingV1Api(self.api_client)
+        # Typed Any on purpose: the client's annotations accept model objects only (it takes
+        # the plain-dict manifests this backend writes) and make every field of an object read
+        # back Optional (the API server always sets a pod's metadata and status).
+        self.core: Any = client.CoreV1Api(self.api_client)
+        self.networking: Any = client.NetworkingV1Api(self.api_client)
         self._local = threading.local()
 
     def stream_core(self) -> Any:
@@ -135,7 +138,7 @@ def explain(
     exc: BaseException, doing: str, *, api: KubeApi | None = None, namespace: str = ""
 ) -> K8sError:
     """One API failure as a ``K8sError`` subclass whose message says what to do next."""
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     host = api.host if api is not None else "the API server"
     ns = f" in namespace {namespace!r}" if namespace else ""

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import structlog
 
-from slr.contracts import ExecResult, SandboxError
+from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr_backend_k8s import execstream
 from slr_backend_k8s.api import K8sError, PodGone, explain, is_not_found
@@ -55,7 +55,7 @@ class K8sSandbox:
         self.pod_ip = pod_ip
         self.node = node
         self.proxy_host = proxy_host
-        self.network = "proxy-only"
+        self.network: NetworkMode = "proxy-only"
         self.forwarder: Forwarder | None = None
         self.link = link
         self._stopped = False
@@ -283,9 +283,7 @@ class K8sSandbox:
         netloc = f"[{host}]:{inner_port}" if ":" in host else f"{host}:{inner_port}"
         return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
 
-    async def set_network(self, mode: str) -> None:
-        if mode not in ("proxy-only", "none", "full"):
-            raise ValueError(f"network mode {mode!r}: expected proxy-only, none or full")
+    async def set_network(self, mode: NetworkMode) -> None:
         if mode == self.network:
             return
         if mode == "proxy-only":
@@ -306,7 +304,7 @@ class K8sSandbox:
         if self.backend.uses_policy:
             await self.backend.call(self._replace_policy, mode)
 
-    def _replace_policy(self, mode: str) -> None:
+    def _replace_policy(self, mode: NetworkMode) -> None:
         net = self._api.networking
         try:
             if mode == "full":

@@ -99,7 +99,9 @@ class LocalBackend:
                     workdir = posixpath.normpath(posixpath.join(workdir, step.args[0]))
                     self._host(root, workdir).mkdir(parents=True, exist_ok=True)
                 elif step.op == "ENV":
-                    envs.update(kv.split("=", 1) for kv in step.args)
+                    for kv in step.args:
+                        key, value = kv.split("=", 1)
+                        envs[key] = value
                 elif step.op == "COPY":
                     self._copy(env.path, root, workdir, step)
                 elif step.op == "RUN":

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from slr.contracts import ExecResult, SandboxError
+from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr_backend_local.isolation import BASE_ENV, LINK_MOUNT, bwrap_argv
 
@@ -48,7 +48,7 @@ class LocalSandbox:
         self.env = dict(env)
         self.link = link
         self.mounts = mounts
-        self.network = "proxy-only"
+        self.network: NetworkMode = "proxy-only"
         self._procs: set[asyncio.subprocess.Process] = set()
         self._stopped = False
 
@@ -98,7 +98,7 @@ class LocalSandbox:
                 cwd=inner_cwd,
                 env=full_env,
                 network=self.network == "full",
-                link_dir=self.link.dir if relay else None,
+                link_dir=self.link.dir if relay and self.link is not None else None,
                 mounts=self.mounts,
             )
             proc_env = dict(BASE_ENV)
@@ -201,9 +201,7 @@ class LocalSandbox:
         self.link.set_target(*target)
         return inner
 
-    async def set_network(self, mode: str) -> None:
-        if mode not in ("proxy-only", "none", "full"):
-            raise ValueError(f"network mode {mode!r}: expected proxy-only, none or full")
+    async def set_network(self, mode: NetworkMode) -> None:
         if mode == self.network:
             return
         if mode == "proxy-only":
