@@ -59,6 +59,7 @@ async def _serve(cfg, n_sessions: int) -> None:
         # `slr run` and `slr eval`, so on_trial_finished fires for it too
         async with RolloutSession(run, plugins=plugins, config=cfg, engine=engine) as session:
             opened = [session.open_session(f"session-{i}") for i in range(n_sessions)]
+            assert session.proxy is not None  # an engine was given, so there is a proxy
             names = session.proxy.model_names
             model = names[0] if names else "policy"
             click.echo(f"serving {cfg.engine.name} as model {model!r}; run directory {run.path}")

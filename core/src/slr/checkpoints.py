@@ -176,7 +176,7 @@ def resolve_checkpoint(path: Path | str) -> Checkpoint:
     except (OSError, ValueError, KeyError):
         state = None
     weights = None if state is None or not state.servable_weights else path / state.servable_weights
-    if weights is None or not weights.is_dir():
+    if state is None or weights is None or not weights.is_dir():
         raise UsageError(
             f"checkpoint {str(path)!r} names no servable weights (its {STATE} has no "
             f"servable_weights folder that exists), so there are no weights an engine can "

@@ -172,13 +172,17 @@ class RolloutSession:
         return [done[i] if i in done else self.run_dir.trial(i) for i in ids]
 
     def _job(self, spec: TrialSpec):
+        sessions = self.sessions
+        if sessions is None:
+            raise RuntimeError("RolloutSession.run is for inside `async with RolloutSession(...)`")
+
         async def job() -> TrialResult:
             result = await run_trial(
                 spec.task,
                 backend=self.backend,
                 agent=self.agent,
                 verifier=self.verifier,
-                session_factory=self.sessions,
+                session_factory=sessions,
                 trial_id=spec.trial_id,
                 agent_name=self.config.agent.name,
                 run_id=self.run_dir.id,
