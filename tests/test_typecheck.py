@@ -52,5 +52,7 @@ def test_every_distribution_is_type_checked():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pyright"]
     missing = [f"{m}/src" for m in members if f"{m}/src" not in config["include"]]
     assert not missing, f"add {missing} to [tool.pyright] include in pyproject.toml"
-    stale = [p for p in config["include"] if p.endswith("/src") and p[: -len("/src")] not in members]
+    stale = [
+        p for p in config["include"] if p.endswith("/src") and p[: -len("/src")] not in members
+    ]
     assert not stale, f"remove {stale} from [tool.pyright] include: no such distribution"

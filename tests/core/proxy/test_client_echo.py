@@ -95,6 +95,6 @@ def test_a_dropped_reply_starts_a_new_segment(echo_proxy):
     calls = engine.of(session)
     traj = proxy.close_session(session)
     assert len(traj.segments) == 2
-    assert [list(s.token_ids[: len(p)]) for s, (p, _) in zip(traj.segments, calls, strict=True)] == [
-        list(p) for p, _ in calls
-    ]
+    assert [
+        list(s.token_ids[: len(p)]) for s, (p, _) in zip(traj.segments, calls, strict=True)
+    ] == [list(p) for p, _ in calls]
