@@ -61,7 +61,8 @@ def test_pod_carries_limits_deadline_workdir_and_no_token():
 
 
 def test_labels_are_made_valid_and_the_originals_kept():
-    m = manifest(**{RUN: "run 2026/11/30", "bad key!": "x"})
+    # the caller's labels never replace the trial's own
+    m = manifest(**{RUN: "run 2026/11/30", "bad key!": "x", TRIAL: "not/this"})
     labels = m["metadata"]["labels"]
     assert labels[TRIAL] == "trial-1"
     assert labels[RUN] == "run-2026-11-30"
