@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 from slr_backend_docker import DockerBackendConfig
-from slr_backend_docker.backend import LABEL_OWNER_PID, LABEL_SANDBOX, DockerBackend
+from slr_backend_docker.backend import DockerBackend
 from slr_backend_docker.base_image import BASE_TAG
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local.backend import LocalBackend
 
+from slr.sandboxing.labels import OWNER_PID, SANDBOX
 from slr.tasks import load_task
 from slr.trial import BUNDLE_MOUNT
 
@@ -38,8 +39,8 @@ def docker_backend():
     yield b
     leftovers = [
         c.name
-        for c in b.client.containers.list(all=True, filters={"label": LABEL_SANDBOX})
-        if c.labels.get(LABEL_OWNER_PID) == str(os.getpid())
+        for c in b.client.containers.list(all=True, filters={"label": SANDBOX})
+        if c.labels.get(OWNER_PID) == str(os.getpid())
     ]
     asyncio.run(b.close())
     assert leftovers == [], f"containers left behind: {leftovers}"

@@ -19,6 +19,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from slr_adapter_terminus.adapter import Terminus
 from slr import checkpoints
 from slr.contracts import TerminationReason
 from slr.runs import RunDir
+from slr.sandboxing.labels import RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
@@ -130,6 +132,7 @@ def test_slr_run_earns_reward_one(scaffold, backend_name, tmp_path, request):
     name, model = scaffold
     docker = request.getfixturevalue("docker_backend") if backend_name == "docker" else None
     cfg = write_config(tmp_path, name, model)
+    started = int(time.time()) - 1
     res = subprocess.run(
         [SLR, "run", "-c", str(cfg), "--agent", name, "--backend", backend_name],
         capture_output=True,
@@ -174,5 +177,13 @@ def test_slr_run_earns_reward_one(scaffold, backend_name, tmp_path, request):
     assert metrics["reward/mean"] == 1.0
     assert checkpoints.latest_checkpoint(run) == checkpoints.checkpoint_dir(run, 1)
     if docker is not None:  # the run removed its sandboxes
-        left = docker.client.containers.list(all=True, filters={"label": f"slr.run={run.id}"})
+        # every trial's container carried the run's label (so the selector below can match)
+        created = docker.client.events(
+            since=started,
+            until=int(time.time()) + 1,
+            decode=True,
+            filters={"type": "container", "event": "create", "label": f"{RUN}={run.id}"},
+        )
+        assert len(list(created)) == len(trials)
+        left = docker.list_sandboxes(**{RUN: run.id})
         assert left == [], [c.name for c in left]

@@ -264,7 +264,7 @@ def test_weight_updates_can_be_switched_off(standin):
     with pytest.raises(UsageError, match="weight_transfer = 'none'"):
         asyncio.run(engine.update_weights({}))
     # the default data plane is vLLM's NCCL engine, imported only when first used
-    assert type(WeightSync(engine).transport).__name__ == "NcclTransport"
+    assert type(WeightSync().transport).__name__ == "NcclTransport"
 
 
 # -- launching servers with the stand-in executable --------------------------------------

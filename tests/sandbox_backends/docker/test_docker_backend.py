@@ -17,17 +17,12 @@ from pathlib import Path
 
 import pytest
 from slr_backend_docker import DockerBackendConfig
-from slr_backend_docker.backend import (
-    LABEL_OWNER_HOST,
-    LABEL_OWNER_PID,
-    LABEL_SANDBOX,
-    DockerBackend,
-    daemon_is_local,
-)
+from slr_backend_docker.backend import DockerBackend, daemon_is_local
 from slr_backend_docker.base_image import BASE_TAG
 
 from slr.contracts import AgentAdapter, AgentOutcome, Bundle, SandboxError, TerminationReason
 from slr.plugins import get_plugin_manager
+from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, RUN, SANDBOX, TASK, TRIAL
 from slr.tasks import load_task
 from slr.testing import SandboxBackendTests
 from slr.testing.sandbox_probes import probe_connect
@@ -45,8 +40,8 @@ def backend():
     yield b
     leftovers = [
         c.name
-        for c in b.client.containers.list(all=True, filters={"label": LABEL_SANDBOX})
-        if c.labels.get(LABEL_OWNER_PID) == str(os.getpid())
+        for c in b.client.containers.list(all=True, filters={"label": SANDBOX})
+        if c.labels.get(OWNER_PID) == str(os.getpid())
     ]
     asyncio.run(b.close())
     assert leftovers == [], f"containers left behind: {leftovers}"
@@ -199,15 +194,17 @@ def test_container_killed_mid_trial_is_a_sandbox_error_leaving_nothing(backend, 
     assert result.termination == TerminationReason.SANDBOX_ERROR, result.error
     assert "during the agent phase" in result.error, result.error
     assert result.reward is None and not result.trainable
-    assert agent.trial_labels["slr.trial_id"] == result.trial_id
-    assert backend.list_sandboxes(**{"slr.trial_id": result.trial_id}) == []
+    assert agent.trial_labels[TRIAL] == result.trial_id
+    assert backend.list_sandboxes(**{TRIAL: result.trial_id}) == []
 
 
 def test_resource_limits_labels_and_workdir(backend, example_tasks):
     task = next(t for t in example_tasks if t.id == "fix-median")
 
     async def go():
-        sb = await backend.start(task, trial_id="limits-1", labels={"slr.run_id": "r1"})
+        # the caller's labels (the run's) come along, but cannot replace the trial's own
+        labels = {RUN: "r1", TRIAL: "not-this-trial"}
+        sb = await backend.start(task, trial_id="limits-1", labels=labels)
         try:
             info = backend.client.api.inspect_container(sb.id)
             pwd = await sb.exec("pwd")
@@ -221,8 +218,8 @@ def test_resource_limits_labels_and_workdir(backend, example_tasks):
     assert host["Memory"] == task.environment.memory_mb * 1024 * 1024
     assert host["NetworkMode"] == "none"
     labels = info["Config"]["Labels"]
-    assert labels["slr.trial_id"] == "limits-1" and labels["slr.run_id"] == "r1"
-    assert labels["slr.task_id"] == "fix-median"
+    assert labels[TRIAL] == "limits-1" and labels[RUN] == "r1"
+    assert labels[TASK] == "fix-median"
     assert pwd.stdout.strip() == "/app"
 
 
@@ -254,9 +251,9 @@ def test_orphans_of_dead_processes_are_removed_at_start_up(backend):
             BASE_TAG,
             ["sleep", "600"],
             labels={
-                LABEL_SANDBOX: "docker",
-                LABEL_OWNER_HOST: host,
-                LABEL_OWNER_PID: str(pid),
+                SANDBOX: "docker",
+                OWNER_HOST: host,
+                OWNER_PID: str(pid),
                 TEST_LABEL: "orphan",
             },
         )
@@ -381,7 +378,7 @@ def test_a_cancelled_trial_removes_its_container(backend, example_tasks):
 
     _run(go())
     assert agent.sandbox_id is not None
-    assert backend.list_sandboxes(**{"slr.trial_id": "cancelled-1"}) == []
+    assert backend.list_sandboxes(**{TRIAL: "cancelled-1"}) == []
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,8 @@ from slr_backend_k8s import K8sBackendConfig
 from slr_backend_k8s.backend import K8sBackend
 from slr_backend_k8s.forward import local_address_towards
 
+from slr.sandboxing.labels import OWNER_PID, RUN
+
 
 @pytest.fixture(scope="session")
 def kubeconfig() -> str:
@@ -120,7 +122,7 @@ def backend(k8s_config):
     """The default backend (network = 'loopback'); no pod of this process may outlive it."""
     b = K8sBackend(k8s_config)
     yield b
-    leftovers = [p.metadata.name for p in b.list_pods(**{"slr.owner_pid": str(os.getpid())})]
+    leftovers = [p.metadata.name for p in b.list_pods(**{OWNER_PID: str(os.getpid())})]
     run(b.close())
     assert leftovers == [], f"pods left behind: {leftovers}"
 
@@ -140,14 +142,14 @@ def trial_id() -> str:
 
 @pytest.fixture
 def sandbox(backend, trial_id):
-    sb = run(backend.start(py_task(), trial_id=trial_id, labels={"slr.run": "tests"}))
+    sb = run(backend.start(py_task(), trial_id=trial_id, labels={RUN: "tests"}))
     yield sb
     run(sb.stop())
 
 
 @pytest.fixture
 def policy_sandbox(policy_backend, trial_id):
-    sb = run(policy_backend.start(py_task(), trial_id=trial_id, labels={"slr.run": "tests"}))
+    sb = run(policy_backend.start(py_task(), trial_id=trial_id, labels={RUN: "tests"}))
     yield sb
     run(sb.stop())
 

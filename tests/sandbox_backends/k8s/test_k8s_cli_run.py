@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 from k8s_support import NAMESPACE
+from slr_backend_k8s.podspec import label_value
 
 from slr.runs import RunDir
+from slr.sandboxing.labels import OWNER_PID, RUN
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
@@ -110,7 +112,7 @@ def test_killed_run_leaves_pods_the_next_start_removes_then_trials_complete(
         while True:  # until a trial's pod runs: its agent phase is under way
             running = [
                 p.metadata.name
-                for p in pods(core_api, **{"slr.owner_pid": str(killed.pid)})
+                for p in pods(core_api, **{OWNER_PID: str(killed.pid)})
                 if p.status.phase == "Running"
             ]
             if running:
@@ -122,10 +124,18 @@ def test_killed_run_leaves_pods_the_next_start_removes_then_trials_complete(
     finally:
         os.killpg(killed.pid, signal.SIGKILL)  # a crash: no clean-up code runs
         killed.wait()
-    left = {p.metadata.name for p in pods(core_api, **{"slr.owner_pid": str(killed.pid)})}
-    assert set(running) <= left, "a SIGKILLed run's pods should outlive it"
+    left = pods(core_api, **{OWNER_PID: str(killed.pid)})
+    assert set(running) <= {p.metadata.name for p in left}, (
+        "a SIGKILLed run's pods should outlive it"
+    )
 
     (run_path,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    # The run labels its pods with its id: the last check selects by that label, and would
+    # pass vacuously if the pods were labelled under another key.
+    run_label = label_value(RunDir.open(run_path).id)
+    assert {p.metadata.labels.get(RUN) for p in left} == {run_label}, [
+        p.metadata.labels for p in left
+    ]
     res = subprocess.run(
         [SLR, "run", "--resume", str(run_path)], capture_output=True, text=True, timeout=600
     )
@@ -138,7 +148,7 @@ def test_killed_run_leaves_pods_the_next_start_removes_then_trials_complete(
         if line.startswith("{") and "removed orphaned trial pod" in line
     }
     assert set(running) <= removed, res.stderr[-4000:]
-    assert pods(core_api, **{"slr.owner_pid": str(killed.pid)}) == []
+    assert pods(core_api, **{OWNER_PID: str(killed.pid)}) == []
 
     run = RunDir.open(run_path)
     trials = list(run.trials())
@@ -166,5 +176,5 @@ def test_killed_run_leaves_pods_the_next_start_removes_then_trials_complete(
         assert t.reward is not None and t.reward.details["exit_code"] == 0, why
         assert t.timings["verifier_s"] > 0, why
     assert [m["step"] for m in run.metrics()] == [1]
-    # no pod of this run is left
-    assert pods(core_api, **{"slr.run_id": run.id}) == []
+    # no pod of this run is left, the killed start's included
+    assert pods(core_api, **{RUN: run_label}) == []

@@ -20,6 +20,8 @@ from slr_backend_k8s.api import (
 )
 from slr_backend_k8s.backend import K8sBackend
 
+from slr.sandboxing.labels import TRIAL
+
 pytestmark = pytest.mark.k8s
 
 
@@ -66,7 +68,7 @@ def test_image_missing_everywhere_fails_before_any_pod(k8s_config):
         task = py_task(docker_image="docker.io/library/slr-missing:1")
         with pytest.raises(ImageUnavailable, match="slr-missing:1"):
             run(b.start(task, trial_id="missing", labels={}))
-        assert b.list_pods(**{"slr.trial_id": "missing"}) == []
+        assert b.list_pods(**{TRIAL: "missing"}) == []
     finally:
         run(b.close())
 
@@ -79,7 +81,7 @@ def test_image_missing_on_the_node_fails_fast_with_the_pull_policy(k8s_config):
         with pytest.raises(ImageUnavailable, match="ErrImageNeverPull") as info:
             run(b.start(task, trial_id="missing2", labels={}))
         assert "imagePullPolicy is Never" in str(info.value)
-        assert b.list_pods(**{"slr.trial_id": "missing2"}) == []
+        assert b.list_pods(**{TRIAL: "missing2"}) == []
     finally:
         run(b.close())
     assert time.monotonic() - started < k8s_config.pod_start_timeout_s
@@ -91,7 +93,7 @@ def test_pod_start_timeout_is_its_own_error(k8s_config):
         with pytest.raises(PodStartTimeout, match="pod_start_timeout_s = 3s") as info:
             run(b.start(py_task(), trial_id="unschedulable", labels={}))
         assert "not the agent's timeout" in str(info.value)
-        assert b.list_pods(**{"slr.trial_id": "unschedulable"}) == []
+        assert b.list_pods(**{TRIAL: "unschedulable"}) == []
     finally:
         run(b.close())
 
@@ -178,7 +180,7 @@ def test_concurrency_limit_makes_starts_wait(k8s_config, trial_id):
         second = asyncio.ensure_future(b.start(py_task(), trial_id=trial_id + "-2", labels={}))
         done, _ = await asyncio.wait({second}, timeout=3)
         assert not done, "a second pod started while the limit was 1"
-        assert len(b.list_pods(**{"slr.trial_id": trial_id + "-2"})) == 0
+        assert len(b.list_pods(**{TRIAL: trial_id + "-2"})) == 0
         await first.stop()
         sb = await asyncio.wait_for(second, timeout=60)
         await sb.stop()

@@ -17,6 +17,7 @@ from k8s_support import NAMESPACE, py_task, run
 from slr_backend_k8s.api import PodGone
 from slr_backend_k8s.backend import K8sBackend
 
+from slr.sandboxing.labels import TRIAL
 from slr.sandboxing.proxy_link import LINK_PREFIX, OWNER_FILE
 
 pytestmark = pytest.mark.k8s
@@ -57,7 +58,7 @@ def test_a_killed_runs_pods_are_removed_at_the_next_start(backend, sandbox, k8s_
     finally:
         os.kill(proc.pid, signal.SIGKILL)  # a crash: no clean-up code runs
         proc.wait()
-    assert backend.list_pods(**{"slr.trial_id": trial_id + "-orphan"}), "the pod should survive"
+    assert backend.list_pods(**{TRIAL: trial_id + "-orphan"}), "the pod should survive"
 
     fresh = K8sBackend(k8s_config)  # what the next run does first
     try:
@@ -65,7 +66,7 @@ def test_a_killed_runs_pods_are_removed_at_the_next_start(backend, sandbox, k8s_
     finally:
         run(fresh.close())
     assert removed >= 1
-    assert backend.list_pods(**{"slr.trial_id": trial_id + "-orphan"}) == []
+    assert backend.list_pods(**{TRIAL: trial_id + "-orphan"}) == []
     # ... and its proxy link folder on this machine.
     owners = [
         p.read_text() for p in Path(tempfile.gettempdir()).glob(f"{LINK_PREFIX}*/{OWNER_FILE}")
@@ -93,7 +94,7 @@ def test_a_pod_past_its_deadline_is_a_sandbox_error_and_cleaned_up(k8s_config, t
         with pytest.raises(PodGone, match="DeadlineExceeded"):
             run(sb.exec("true"))
         assert run(b.cleanup_orphans()) >= 1  # ended pods go whoever made them
-        assert b.list_pods(**{"slr.trial_id": trial_id}) == []
+        assert b.list_pods(**{TRIAL: trial_id}) == []
         run(sb.stop())
     finally:
         run(b.close())

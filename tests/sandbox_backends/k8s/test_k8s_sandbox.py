@@ -10,8 +10,10 @@ import time
 import pytest
 from k8s_support import NAMESPACE, run
 from slr_backend_k8s.api import PodGone
+from slr_backend_k8s.podspec import LABEL_POD
 
 from slr.contracts import SandboxError
+from slr.sandboxing.labels import RUN, TRIAL
 
 pytestmark = pytest.mark.k8s
 
@@ -161,7 +163,7 @@ def test_network_policy_follows_the_phases(policy_backend, policy_sandbox):
     sandbox = policy_sandbox
     net = policy_backend.api.networking
     policy = net.read_namespaced_network_policy(sandbox.name, NAMESPACE)
-    assert policy.spec.pod_selector.match_labels == {"slr.pod": sandbox.name}
+    assert policy.spec.pod_selector.match_labels == {LABEL_POD: sandbox.name}
     assert len(policy.spec.egress) == 1  # the proxy only
     run(sandbox.set_network("none"))
     assert net.read_namespaced_network_policy(sandbox.name, NAMESPACE).spec.egress in (None, [])
@@ -191,8 +193,8 @@ def test_pod_deleted_mid_exec_is_a_sandbox_error(backend, sandbox):
 
 def test_pod_spec_on_the_cluster(backend, sandbox, trial_id):
     pod = backend.api.core.read_namespaced_pod(sandbox.name, NAMESPACE)
-    assert pod.metadata.labels["slr.trial_id"] == trial_id
-    assert pod.metadata.labels["slr.run"] == "tests"
+    assert pod.metadata.labels[TRIAL] == trial_id
+    assert pod.metadata.labels[RUN] == "tests"
     c = pod.spec.containers[0]
     assert c.resources.limits == {"cpu": "500m", "memory": "256Mi"}
     assert pod.spec.active_deadline_seconds == 720
@@ -206,10 +208,10 @@ def test_stop_deletes_the_pod_at_once(backend, trial_id):
     from k8s_support import py_task
 
     sb = run(backend.start(py_task(), trial_id=trial_id, labels={}))
-    assert backend.list_pods(**{"slr.trial_id": trial_id})
+    assert backend.list_pods(**{TRIAL: trial_id})
     run(sb.stop())
     run(sb.stop())  # idempotent
-    assert backend.list_pods(**{"slr.trial_id": trial_id}) == []
+    assert backend.list_pods(**{TRIAL: trial_id}) == []
 
 
 def test_bundle_folder_is_mounted_read_only(backend, tmp_path, trial_id):

@@ -11,6 +11,7 @@ from kubernetes.utils import parse_quantity
 
 from slr.contracts import AgentAdapter, AgentOutcome, Bundle, TerminationReason
 from slr.plugins import get_plugin_manager
+from slr.sandboxing.labels import RUN, TASK, TRIAL
 from slr.trial import StandInSessions, run_trial, run_trials
 
 pytestmark = pytest.mark.k8s
@@ -54,7 +55,7 @@ def test_pod_deleted_mid_trial_is_a_sandbox_error_and_the_run_goes_on(backend, e
                     agent=agent,
                     verifier=verifier,
                     session_factory=StandInSessions(),
-                    labels={"slr.run_id": "k8s-mid-trial"},
+                    labels={RUN: "k8s-mid-trial"},
                 )
                 for agent in (killer, oracle)
             ],
@@ -65,16 +66,16 @@ def test_pod_deleted_mid_trial_is_a_sandbox_error_and_the_run_goes_on(backend, e
     assert lost.termination == TerminationReason.SANDBOX_ERROR, lost.error
     assert "deleted" in lost.error
     assert lost.reward is None and not lost.trainable
-    assert killer.labels["slr.trial_id"] == lost.trial_id
+    assert killer.labels[TRIAL] == lost.trial_id
     assert good.termination == TerminationReason.COMPLETED and good.reward.value == 1.0
-    assert backend.list_pods(**{"slr.run_id": "k8s-mid-trial"}) == []
+    assert backend.list_pods(**{RUN: "k8s-mid-trial"}) == []
 
 
 def test_task_pod_has_the_tasks_limits_labels_and_workdir(backend, example_tasks):
     task = next(t for t in example_tasks if t.id == "fix-median")
 
     async def go():
-        sb = await backend.start(task, trial_id="limits-1", labels={"slr.run_id": "r1"})
+        sb = await backend.start(task, trial_id="limits-1", labels={RUN: "r1"})
         try:
             pod = await backend.call(backend.api.core.read_namespaced_pod, sb.name, NAMESPACE)
             pwd = await sb.exec("pwd")
@@ -87,7 +88,7 @@ def test_task_pod_has_the_tasks_limits_labels_and_workdir(backend, example_tasks
     assert parse_quantity(limits["memory"]) == task.environment.memory_mb * 2**20
     assert parse_quantity(limits["cpu"]) == parse_quantity(str(task.environment.cpus))
     labels = pod.metadata.labels
-    assert labels["slr.trial_id"] == "limits-1" and labels["slr.run_id"] == "r1"
-    assert labels["slr.task_id"] == "fix-median"
+    assert labels[TRIAL] == "limits-1" and labels[RUN] == "r1"
+    assert labels[TASK] == "fix-median"
     assert pod.spec.containers[0].image_pull_policy == "Never"
     assert pwd.stdout.strip() == "/app"

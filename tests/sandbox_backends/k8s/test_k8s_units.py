@@ -13,21 +13,21 @@ from slr_backend_k8s.execstream import KILL_TREE, parse_status, wrap
 from slr_backend_k8s.images import normalize_ref
 from slr_backend_k8s.podspec import (
     LABEL_POD,
-    LABEL_TRIAL,
     label_value,
     network_policy,
+    pod_labels,
     pod_manifest,
-    trial_labels,
     valid_label_key,
 )
 
 from slr.config.structure import structure
 from slr.errors import ConfigError
 from slr.plugins import PluginManager
+from slr.sandboxing.labels import RUN, TRIAL
 
 
 def manifest(config=None, mounts=None, **labels):
-    lab, ann = trial_labels("Fix_Median!", "trial/1", labels)
+    lab, ann = pod_labels("Fix_Median!", "trial/1", labels)
     return pod_manifest(
         name="slr-x-1",
         task=py_task(cpus=1.5, memory_mb=512, storage_mb=1024, workdir="/app", env={"A": "1"}),
@@ -61,13 +61,14 @@ def test_pod_carries_limits_deadline_workdir_and_no_token():
 
 
 def test_labels_are_made_valid_and_the_originals_kept():
-    m = manifest(**{"slr.run_id": "run 2026/11/30", "bad key!": "x"})
+    # the caller's labels never replace the trial's own
+    m = manifest(**{RUN: "run 2026/11/30", "bad key!": "x", TRIAL: "not/this"})
     labels = m["metadata"]["labels"]
-    assert labels[LABEL_TRIAL] == "trial-1"
-    assert labels["slr.run_id"] == "run-2026-11-30"
+    assert labels[TRIAL] == "trial-1"
+    assert labels[RUN] == "run-2026-11-30"
     assert "bad key!" not in labels
     original = json.loads(m["metadata"]["annotations"]["slr.dev/labels"])
-    assert original == {"slr.run_id": "run 2026/11/30", "bad key!": "x"}
+    assert original == {RUN: "run 2026/11/30", "bad key!": "x", TRIAL: "not/this"}
     assert label_value("-" * 3 + "a" * 80) == "a" * 60
     assert valid_label_key("example.com/x") and not valid_label_key("Bad_Prefix/x")
 

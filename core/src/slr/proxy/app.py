@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 import structlog
@@ -13,9 +13,7 @@ from litestar.response import Stream
 
 from slr.proxy import anthropic, openai, sse
 from slr.proxy.errors import Api, ApiError, error_body, status_kind
-
-if TYPE_CHECKING:
-    from slr.proxy.server import Proxy
+from slr.proxy.session import Completer, SessionTable
 
 log = structlog.get_logger()
 
@@ -74,8 +72,28 @@ async def _decode(request: Request, schema: type, limit: int):
         raise ApiError("invalid_request", f"request body is not valid JSON: {exc}") from None
 
 
-def build_app(proxy: Proxy) -> Litestar:
-    limit = proxy.config.max_body_bytes
+def build_app(
+    *,
+    sessions: SessionTable,
+    completer: Completer,
+    model_names: Sequence[str],
+    max_body_bytes: int,
+) -> Litestar:
+    """The routes over ``sessions`` (token -> session) and ``completer`` (one model call).
+
+    ``model_names`` are the names a request may ask for (empty: any); request bodies above
+    ``max_body_bytes`` are refused.
+    """
+    limit = max_body_bytes
+    names = tuple(model_names)
+
+    def check_model(model: str) -> None:
+        if names and model not in names:
+            raise ApiError(
+                "model_not_found",
+                f"model {model!r} is not served here; available: {', '.join(names)}",
+                param="model",
+            )
 
     @head("/", status_code=200)
     async def root_head() -> None:
@@ -83,11 +101,11 @@ def build_app(proxy: Proxy) -> Litestar:
 
     @get(["/", "/health", "/healthz"])
     async def health() -> Response:
-        return _json({"status": "ok", "sessions": len(proxy.sessions)})
+        return _json({"status": "ok", "sessions": len(sessions)})
 
     @get(["/v1/models", "/s/{token:str}/v1/models", "/s/{token:str}/models"])
     async def models(request: Request) -> Response:
-        proxy._state(_token(request), _api_of(request))
+        sessions.lookup(_token(request))
         data = [
             {
                 "id": name,
@@ -98,19 +116,19 @@ def build_app(proxy: Proxy) -> Litestar:
                 "display_name": name,
                 "created_at": "1970-01-01T00:00:00Z",
             }
-            for name in proxy.model_names
+            for name in names
         ]
         first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
         return _json(
             {"object": "list", "data": data, "has_more": False, "first_id": first, "last_id": last}
         )
 
-    async def complete(request: Request, api: Any, protocol: Api, request_cls: type) -> Response:
+    async def complete(request: Request, api: Any, request_cls: type) -> Response:
         """One model call in either API: the two differ only in their wire format."""
-        state = proxy._state(_token(request), protocol)
+        state = sessions.lookup(_token(request))
         body = await _decode(request, request_cls, limit)
-        proxy._check_model(body.model)
-        result = await proxy.completer.complete(state, api.to_chat_request(body))
+        check_model(body.model)
+        result = await completer.complete(state, api.to_chat_request(body))
         if body.stream:
             return _sse(api.stream(body, result))
         return _json(api.response(body, result))
@@ -124,19 +142,19 @@ def build_app(proxy: Proxy) -> Litestar:
         status_code=200,
     )
     async def chat_completions(request: Request) -> Response:
-        return await complete(request, openai, "openai", openai.ChatCompletionRequest)
+        return await complete(request, openai, openai.ChatCompletionRequest)
 
     @post(["/v1/messages", "/s/{token:str}/v1/messages"], status_code=200)
     async def messages(request: Request) -> Response:
-        return await complete(request, anthropic, "anthropic", anthropic.MessagesRequest)
+        return await complete(request, anthropic, anthropic.MessagesRequest)
 
     @post(["/v1/messages/count_tokens", "/s/{token:str}/v1/messages/count_tokens"], status_code=200)
     async def count_tokens(request: Request) -> Response:
-        state = proxy._state(_token(request), "anthropic")
+        state = sessions.lookup(_token(request))
         body = await _decode(request, anthropic.CountTokensRequest, limit)
-        proxy._check_model(body.model)
+        check_model(body.model)
         msgs = anthropic.convert_messages(body.messages, body.system)
-        n = proxy.completer.count(state, msgs, anthropic.convert_tools(body.tools))
+        n = completer.count(state, msgs, anthropic.convert_tools(body.tools))
         return _json({"input_tokens": n})
 
     handlers: list[Callable] = [root_head, health, models, chat_completions, messages, count_tokens]

@@ -30,9 +30,8 @@ from slr.config import ProxySection
 from slr.contracts import Endpoint, Engine, SamplingParams, TerminationReason, Trajectory
 from slr.proxy.accumulator import Accumulator
 from slr.proxy.app import build_app
-from slr.proxy.errors import Api, ApiError
 from slr.proxy.render import Renderer
-from slr.proxy.session import Completer, SessionState
+from slr.proxy.session import Completer, SessionState, SessionTable
 from slr.proxy.toolparse import get_tool_parser
 from slr.runs import atomic_write
 
@@ -112,8 +111,13 @@ class Proxy:
             honor_client_sampling=self.config.client_sampling == "honor",
         )
         self.model_names = tuple(model_names or self.config.model_names)
-        self.sessions: dict[str, SessionState] = {}
-        self.app = build_app(self)
+        self.sessions = SessionTable()
+        self.app = build_app(
+            sessions=self.sessions,
+            completer=self.completer,
+            model_names=self.model_names,
+            max_body_bytes=self.config.max_body_bytes,
+        )
         self.host = self.config.host
         self.port: int | None = None
         self._server: _Server | None = None
@@ -170,14 +174,14 @@ class Proxy:
         token = "slr-" + secrets.token_urlsafe(18)
         acc = Accumulator(self.renderer, on_rewrite=self.config.on_history_rewrite)
         state = SessionState(trial_id=trial_id, token=token, accumulator=acc)
-        self.sessions[token] = state
+        self.sessions.add(state)
         return Session(
             trial_id=trial_id, token=token, base_url=f"{self.url}/s/{token}", state=state
         )
 
     def close_session(self, session: Session) -> Trajectory:
         """End the session (later calls are refused) and return what it recorded."""
-        state = self.sessions.pop(session.token, None) or session._state
+        state = self.sessions.pop(session.token) or session._state
         state.closed = True
         return state.trajectory()
 
@@ -196,24 +200,6 @@ class Proxy:
         }
         atomic_write(path, json.dumps(doc, indent=2, ensure_ascii=False, default=str))
         return path
-
-    def _state(self, token: str | None, api: Api) -> SessionState:
-        state = self.sessions.get(token or "")
-        if state is None or state.closed:
-            raise ApiError(
-                "authentication",
-                "no open session for this token: use the base URL or API key from "
-                "open_session(); the session may have been closed",
-            )
-        return state
-
-    def _check_model(self, model: str) -> None:
-        if self.model_names and model not in self.model_names:
-            raise ApiError(
-                "model_not_found",
-                f"model {model!r} is not served here; available: {', '.join(self.model_names)}",
-                param="model",
-            )
 
 
 class ProxySessions:

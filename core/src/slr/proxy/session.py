@@ -76,6 +76,33 @@ class SessionState:
         )
 
 
+class SessionTable:
+    """The open sessions by token: the one place a request's token becomes its session."""
+
+    def __init__(self) -> None:
+        self._by_token: dict[str, SessionState] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_token)
+
+    def add(self, state: SessionState) -> None:
+        self._by_token[state.token] = state
+
+    def pop(self, token: str) -> SessionState | None:
+        return self._by_token.pop(token, None)
+
+    def lookup(self, token: str | None) -> SessionState:
+        """The open session of ``token``; an authentication error in the caller's API if none."""
+        state = self._by_token.get(token or "")
+        if state is None or state.closed:
+            raise ApiError(
+                "authentication",
+                "no open session for this token: use the base URL or API key from "
+                "open_session(); the session may have been closed",
+            )
+        return state
+
+
 class Completer:
     """Render, generate, parse and record one call. Shared by the OpenAI and Anthropic routes."""
 

@@ -51,7 +51,7 @@ class VllmEngine:
         self._closed = False
         self._updating: asyncio.Event | None = None
         self._weights = WeightSync(
-            self, transport=transport, trainer_address=config.trainer_address or None
+            transport=transport, trainer_address=config.trainer_address or None
         )
 
     @property
@@ -165,7 +165,7 @@ class VllmEngine:
         self._updating = asyncio.Event()
         try:
             new_version = version if version is not None else self._version + 1
-            await self._weights.push(state_dict, version=new_version)
+            await self._weights.push(state_dict, url=self.url, client=self.client)
             self._version = new_version
             return new_version
         finally:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
+
+import httpx
+from attrs import frozen
 
 from slr.contracts import EngineUnavailable
 from slr.errors import UsageError
-
-if TYPE_CHECKING:
-    from slr_engine_vllm.engine import VllmEngine
 
 
 class Transport(Protocol):
@@ -85,24 +85,34 @@ def update_info(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+@frozen(kw_only=True)
+class Server:
+    """Where one update's control-plane requests go."""
+
+    url: str
+    client: httpx.AsyncClient
+
+
 class WeightSync:
-    """Runs the update sequence for one server."""
+    """Runs the update sequence for one server.
+
+    ``push`` is given the server's URL and an HTTP client for the running event loop at each
+    call: the engine owns both (it learns the URL at start and keeps a client per loop).
+    """
 
     def __init__(
         self,
-        engine: VllmEngine,
         transport: Transport | None = None,
         *,
         trainer_address: str | None = None,
     ) -> None:
-        self.engine = engine
         self.transport = transport if transport is not None else NcclTransport()
         self.trainer_address = trainer_address
         self._initialized = False
 
-    async def _post(self, path: str, **kwargs: Any) -> Any:
-        url = f"{self.engine.url}{path}"
-        response = await self.engine.client.post(url, timeout=None, **kwargs)
+    async def _post(self, server: Server, path: str, **kwargs: Any) -> Any:
+        url = f"{server.url}{path}"
+        response = await server.client.post(url, timeout=None, **kwargs)
         if response.status_code >= 400:
             raise EngineUnavailable(
                 f"{url} answered HTTP {response.status_code}: {response.text[:300]}. "
@@ -111,8 +121,8 @@ class WeightSync:
             )
         return response.json() if response.content else None
 
-    async def _init(self) -> None:
-        response = await self.engine.client.get(f"{self.engine.url}/get_world_size", timeout=60)
+    async def _init(self, server: Server) -> None:
+        response = await server.client.get(f"{server.url}/get_world_size", timeout=60)
         response.raise_for_status()
         server_world = int(response.json()["world_size"])
         address = self.trainer_address or socket.gethostbyname(socket.gethostname())
@@ -127,19 +137,26 @@ class WeightSync:
         }
         # both sides must enter the rendezvous at once, or each waits for the other forever
         await asyncio.gather(
-            self._post("/init_weight_transfer_engine", json={"init_info": init_info}),
+            self._post(server, "/init_weight_transfer_engine", json={"init_info": init_info}),
             asyncio.to_thread(self.transport.init, init_info),
         )
         self._initialized = True
 
-    async def push(self, state_dict: Mapping[str, Any], *, version: int) -> None:
+    async def push(
+        self, state_dict: Mapping[str, Any], *, url: str, client: httpx.AsyncClient
+    ) -> None:
+        """Pause the server at ``url``, send ``state_dict`` into it, resume it."""
+        server = Server(url=url, client=client)
         if not self._initialized:
-            await self._init()
-        await self._post("/pause", params={"mode": "wait", "wait_for_inflight_requests": "true"})
+            await self._init(server)
+        await self._post(
+            server, "/pause", params={"mode": "wait", "wait_for_inflight_requests": "true"}
+        )
         try:
+            update = {"update_info": update_info(state_dict)}
             await asyncio.gather(
-                self._post("/update_weights", json={"update_info": update_info(state_dict)}),
+                self._post(server, "/update_weights", json=update),
                 asyncio.to_thread(self.transport.send, state_dict),
             )
         finally:
-            await self._post("/resume")
+            await self._post(server, "/resume")

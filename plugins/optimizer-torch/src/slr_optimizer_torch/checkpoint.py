@@ -21,19 +21,21 @@ import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
 from slr.checkpoints import require_complete
+from slr.config import AlgorithmSection
 from slr.config.structure import unstructure
 from slr.errors import UsageError
 from slr.runs import atomic_write
+from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.model import resolve_model_name, tokenizer_files
 
 if TYPE_CHECKING:
-    from slr_optimizer_torch.optimizer import TorchOptimizer
+    from transformers import PreTrainedModel
 
 POLICY = "policy"
 """The Hugging Face model folder inside a checkpoint: what an engine serves."""
@@ -43,7 +45,32 @@ def servable_weights(path: Path) -> Path:
     return Path(path) / POLICY
 
 
-def save(opt: TorchOptimizer, path: Path) -> None:
+class Trainer(Protocol):
+    """What a checkpoint holds of a trainer (``TorchOptimizer`` is one): its parts are saved
+    and loaded in place; ``steps`` and ``updates`` are restored."""
+
+    steps: int
+    updates: int
+
+    @property
+    def model(self) -> PreTrainedModel: ...
+    @property
+    def value_head(self) -> nn.Module | None: ...
+    @property
+    def optim(self) -> torch.optim.Optimizer: ...
+    @property
+    def generator(self) -> torch.Generator: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def options(self) -> TorchOptimizerConfig: ...
+    @property
+    def algorithm(self) -> AlgorithmSection: ...
+    @property
+    def temperature(self) -> float: ...
+
+
+def save(opt: Trainer, path: Path) -> None:
     """Write ``opt``'s files into the checkpoint folder ``path``."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -72,7 +99,7 @@ def save(opt: TorchOptimizer, path: Path) -> None:
     atomic_write(path / "trainer_state.json", json.dumps(state, indent=2, sort_keys=True))
 
 
-def load(opt: TorchOptimizer, path: Path) -> None:
+def load(opt: Trainer, path: Path) -> None:
     """Restore exactly what ``save`` wrote into ``opt`` (refuses an incomplete checkpoint)."""
     from safetensors.torch import load_file
 

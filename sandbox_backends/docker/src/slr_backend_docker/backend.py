@@ -24,17 +24,14 @@ import structlog
 
 from slr.contracts import BrokenEnvironment, SandboxError
 from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
+from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, SANDBOX, TASK, trial_labels
 from slr_backend_docker import DockerBackendConfig
 from slr_backend_docker.client import connect
 from slr_backend_docker.sandbox import DockerSandbox
 
 log = structlog.get_logger()
 
-LABEL_SANDBOX = "slr.sandbox"
-LABEL_OWNER_HOST = "slr.owner_host"
-LABEL_OWNER_PID = "slr.owner_pid"
-LABEL_TRIAL = "slr.trial_id"
-LABEL_TASK = "slr.task_id"
+# An image's label (not a sandbox's): the environment content hash it was built from.
 LABEL_HASH = "slr.content_hash"
 LINK_MOUNT = "/run/slr"
 
@@ -62,7 +59,8 @@ class DockerBackend:
             self._client = connect(self.config.base_url)
         return self._client
 
-    async def _call(self, fn, *args, **kwargs):
+    async def call(self, fn, *args, **kwargs):
+        """Run a blocking SDK call on the backend's threads."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
@@ -81,7 +79,7 @@ class DockerBackend:
             raise self._build_failures[tag]
         lock = self._build_locks.setdefault((id(asyncio.get_running_loop()), tag), asyncio.Lock())
         async with lock:
-            if await self._call(self._image_exists, tag):
+            if await self.call(self._image_exists, tag):
                 return
             if task.environment.docker_image:
                 raise BrokenEnvironment(
@@ -90,7 +88,7 @@ class DockerBackend:
                 )
             try:
                 await asyncio.wait_for(
-                    self._call(self._build, task, tag), timeout=task.environment.build_timeout_s
+                    self.call(self._build, task, tag), timeout=task.environment.build_timeout_s
                 )
             except TimeoutError:
                 raise BrokenEnvironment(
@@ -128,7 +126,7 @@ class DockerBackend:
                 rm=True,
                 forcerm=True,
                 decode=True,
-                labels={LABEL_TASK: task.id, LABEL_HASH: env.content_hash},
+                labels={TASK: task.id, LABEL_HASH: env.content_hash},
             )
             for chunk in stream:
                 if "stream" in chunk:
@@ -179,15 +177,19 @@ class DockerBackend:
         link = ProxyLink(parent=self.config.socket_dir)
         try:
             link.start()
-            container = await self._call(self._create, task, trial_id, labels, mounts or {}, link)
+            container = await self.call(self._create, task, trial_id, labels, mounts or {}, link)
         except BaseException:
             link.remove()
             raise
         sandbox = DockerSandbox(
-            backend=self, container=container, link=link, proxy_port=self.config.proxy_port
+            api=self.client.api,
+            call=self.call,
+            container=container,
+            link=link,
+            proxy_port=self.config.proxy_port,
         )
         try:
-            await self._call(self._start_and_wait_ready, container)
+            await self.call(self._start_and_wait_ready, container)
         except BaseException:
             await sandbox.stop()
             raise
@@ -200,13 +202,17 @@ class DockerBackend:
         volumes = {str(link.dir): {"bind": LINK_MOUNT, "mode": "ro"}}
         for host, inner in mounts.items():
             volumes[str(Path(host).resolve())] = {"bind": inner, "mode": "ro"}
+        # The caller's labels (the run's) cannot override what the backend itself sets.
         all_labels = {
-            LABEL_SANDBOX: "docker",
-            LABEL_OWNER_HOST: socket.gethostname(),
-            LABEL_OWNER_PID: str(os.getpid()),
-            LABEL_TRIAL: trial_id,
-            LABEL_TASK: task.id,
-            **{str(k): str(v) for k, v in labels.items()},
+            **trial_labels(
+                run_id=None,
+                trial_id=trial_id,
+                task_id=task.id,
+                extra={str(k): str(v) for k, v in labels.items()},
+            ),
+            SANDBOX: "docker",
+            OWNER_HOST: socket.gethostname(),
+            OWNER_PID: str(os.getpid()),
         }
         try:
             return self.client.containers.create(
@@ -260,16 +266,16 @@ class DockerBackend:
         """Remove what this host's dead slr processes left: containers (by label) and proxy
         link folders (by owner pid). Returns how many."""
         links = remove_stale_links(self.config.socket_dir)
-        return links + await self._call(self._cleanup_orphans)
+        return links + await self.call(self._cleanup_orphans)
 
     def _cleanup_orphans(self) -> int:
         import docker.errors
 
         host = socket.gethostname()
         removed = 0
-        for c in self.client.containers.list(all=True, filters={"label": LABEL_SANDBOX}):
-            owner_host = c.labels.get(LABEL_OWNER_HOST)
-            pid = c.labels.get(LABEL_OWNER_PID, "")
+        for c in self.client.containers.list(all=True, filters={"label": SANDBOX}):
+            owner_host = c.labels.get(OWNER_HOST)
+            pid = c.labels.get(OWNER_PID, "")
             if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
                 continue  # another machine's or a live process's sandbox
             try:
@@ -281,8 +287,8 @@ class DockerBackend:
         return removed
 
     def list_sandboxes(self, **labels: str) -> list[Any]:
-        """Containers of this backend matching ``labels`` (e.g. ``slr.trial_id=...``)."""
-        filters = [LABEL_SANDBOX] + [f"{k}={v}" for k, v in labels.items()]
+        """Containers of this backend matching ``labels`` (keys from ``slr.sandboxing.labels``)."""
+        filters = [SANDBOX] + [f"{k}={v}" for k, v in labels.items()]
         return self.client.containers.list(all=True, filters={"label": filters})
 
     async def close(self) -> None:

@@ -9,17 +9,14 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
-
-if TYPE_CHECKING:
-    from slr_backend_docker.backend import DockerBackend
 
 log = structlog.get_logger()
 
@@ -34,12 +31,23 @@ _KILL_TREE = (
 
 
 class DockerSandbox:
-    """``Sandbox`` backed by one container. Every daemon failure becomes ``SandboxError``."""
+    """``Sandbox`` backed by one container. Every daemon failure becomes ``SandboxError``.
+
+    ``api`` is the SDK's low-level client and ``call`` runs a blocking function of it off the
+    event loop (the backend's thread pool): all the sandbox needs of its backend.
+    """
 
     def __init__(
-        self, *, backend: DockerBackend, container: Any, link: ProxyLink, proxy_port: int
+        self,
+        *,
+        api: Any,
+        call: Callable[..., Awaitable[Any]],
+        container: Any,
+        link: ProxyLink,
+        proxy_port: int,
     ) -> None:
-        self.backend = backend
+        self._api = api
+        self._run = call
         self.container = container
         self.id = container.id
         self.link = link
@@ -47,15 +55,11 @@ class DockerSandbox:
         self.network: NetworkMode = "proxy-only"
         self._stopped = False
 
-    @property
-    def _api(self) -> Any:
-        return self.backend.client.api
-
     async def _call(self, fn, *args, **kwargs):
         import docker.errors
 
         try:
-            return await self.backend._call(fn, *args, **kwargs)
+            return await self._run(fn, *args, **kwargs)
         except docker.errors.NotFound as exc:
             raise SandboxError(f"sandbox {self.id[:12]} is gone: {exc}") from exc
         except docker.errors.DockerException as exc:
@@ -233,7 +237,7 @@ class DockerSandbox:
                 pass
 
         try:
-            await self.backend._call(remove)
+            await self._run(remove)
         finally:
             self.link.remove()
 

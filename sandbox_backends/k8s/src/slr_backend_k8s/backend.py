@@ -21,6 +21,7 @@ import structlog
 
 from slr.contracts import SandboxError
 from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
+from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, OWNER_START, SANDBOX
 from slr.sandboxing.relay import READY
 from slr_backend_k8s.api import (
     REQUEST_TIMEOUT,
@@ -37,19 +38,16 @@ from slr_backend_k8s.forward import local_address_towards
 from slr_backend_k8s.images import ImageLoader
 from slr_backend_k8s.podspec import (
     CONTAINER,
-    LABEL_OWNER_HOST,
-    LABEL_OWNER_PID,
-    LABEL_OWNER_START,
-    LABEL_SANDBOX,
+    LABEL_POD,
     SANDBOX_KIND,
     label_value,
     network_policy,
+    pod_labels,
     pod_manifest,
     pod_name,
     process_start_time,
-    trial_labels,
 )
-from slr_backend_k8s.sandbox import K8sSandbox
+from slr_backend_k8s.sandbox import K8sSandbox, PodAccess
 
 log = structlog.get_logger()
 
@@ -120,7 +118,7 @@ class K8sBackend:
             cancelled.set()
             raise
         name = pod_name(task.id)
-        pod_labels, annotations = trial_labels(task.id, trial_id, labels)
+        on_pod, annotations = pod_labels(task.id, trial_id, labels)
         link = None
         try:
             if self.loopback:
@@ -132,7 +130,7 @@ class K8sBackend:
                 image=image,
                 pull_policy=self.images.pull_policy,
                 config=self.config,
-                labels=pod_labels,
+                labels=on_pod,
                 annotations=annotations,
                 mounts=mounts or {},
                 link_dir=str(link.dir) if link is not None else None,
@@ -153,9 +151,9 @@ class K8sBackend:
             await self.call(self._abandon, name, link)
             raise
         sandbox = K8sSandbox(
-            backend=self,
+            access=self._access(),
             name=name,
-            labels={**pod_labels, "slr.pod": name},
+            labels={**on_pod, LABEL_POD: name},
             pod_ip=pod.status.pod_ip or "",
             node=pod.spec.node_name or "",
             proxy_host=None if self.loopback else self._proxy_host(pod.status.pod_ip),
@@ -170,6 +168,16 @@ class K8sBackend:
                 await sandbox.stop()
                 raise
         return sandbox
+
+    def _access(self) -> PodAccess:
+        return PodAccess(
+            api=self.api,
+            config=self.config,
+            call=self.call,
+            pod_problem=self.pod_problem,
+            release=self.release,
+            uses_policy=self.uses_policy,
+        )
 
     @property
     def loopback(self) -> bool:
@@ -354,13 +362,13 @@ class K8sBackend:
             return f"stopped running ({pod.status.phase} {why.strip()})"
         return ""
 
-    async def release(self, sandbox: K8sSandbox) -> None:
+    async def release(self, name: str) -> None:
         """Delete a sandbox's pod and policy and free its slot (``K8sSandbox.stop``)."""
         with self._live_lock:
-            known = self._live.pop(sandbox.name, None) is not None
+            known = self._live.pop(name, None) is not None
         try:
             if not self.config.keep_pods:
-                await self.call(self._delete, sandbox.name)
+                await self.call(self._delete, name)
         finally:
             if known:
                 self._slots.release()
@@ -414,7 +422,7 @@ class K8sBackend:
     def _cleanup_orphans(self) -> int:
         ns = self.config.namespace
         host = label_value(socket.gethostname()) or "unknown"
-        selector = f"{LABEL_SANDBOX}={SANDBOX_KIND}"
+        selector = f"{SANDBOX}={SANDBOX_KIND}"
         try:
             pods = self.api.core.list_namespaced_pod(
                 ns, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
@@ -425,7 +433,7 @@ class K8sBackend:
         for pod in pods:
             labels = pod.metadata.labels or {}
             ended = pod.status.phase in ("Failed", "Succeeded")
-            mine = labels.get(LABEL_OWNER_HOST) == host
+            mine = labels.get(OWNER_HOST) == host
             if not ended and not (mine and not _owner_alive(labels)):
                 continue
             self._delete(pod.metadata.name)
@@ -464,9 +472,7 @@ class K8sBackend:
 
     def list_pods(self, **labels: str) -> list[Any]:
         """Pods of this backend matching ``labels`` (tests, tooling)."""
-        selector = ",".join(
-            [f"{LABEL_SANDBOX}={SANDBOX_KIND}"] + [f"{k}={v}" for k, v in labels.items()]
-        )
+        selector = ",".join([f"{SANDBOX}={SANDBOX_KIND}"] + [f"{k}={v}" for k, v in labels.items()])
         return self._list_pods(selector)
 
     async def close(self) -> None:
@@ -478,9 +484,7 @@ class K8sBackend:
                 await sandbox.stop()
             except SandboxError as exc:
                 log.warning("could not stop a sandbox at close", pod=sandbox.name, error=str(exc))
-        builder = self.images._builder
-        if builder is not None:
-            await builder.close()
+        await self.images.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self._api is not None:
             self._api.close()
@@ -495,11 +499,11 @@ def _container_running(pod: Any) -> bool:
 
 
 def _owner_alive(labels: Mapping[str, str]) -> bool:
-    pid = labels.get(LABEL_OWNER_PID, "")
+    pid = labels.get(OWNER_PID, "")
     if not pid.isdigit() or not pid_alive(int(pid)):
         return False
     # A reused PID belongs to a different process: compare the kernel's start times.
-    start = labels.get(LABEL_OWNER_START, "")
+    start = labels.get(OWNER_START, "")
     return not start or start == "0" or process_start_time(int(pid)) == start
 
 

@@ -83,6 +83,12 @@ class ImageLoader:
             self._builder = DockerBackend(DockerBackendConfig(base_url=self.config.docker_url))
         return self._builder
 
+    async def close(self) -> None:
+        """Release the builder's daemon connection, if one was made."""
+        if self._builder is not None:
+            await self._builder.close()
+            self._builder = None
+
     def local_tag(self, task: Any) -> str:
         """The tag the builder gives the task's image (or the task's own docker_image)."""
         env = task.environment

@@ -15,21 +15,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, OWNER_START, SANDBOX, trial_labels
 from slr_backend_k8s.config import K8sBackendConfig
 
 CONTAINER = "sandbox"
 BUNDLE_SCRATCH = "/slr-bundle"
 
-# Labels the backend owns. Orphan clean-up selects on them.
-LABEL_SANDBOX = "slr.sandbox"
-LABEL_OWNER_HOST = "slr.owner_host"
-LABEL_OWNER_PID = "slr.owner_pid"
-LABEL_OWNER_START = "slr.owner_start"
-LABEL_TRIAL = "slr.trial_id"
-LABEL_TASK = "slr.task_id"
+# The label keys every backend shares are ``slr.sandboxing.labels``; these are this backend's
+# own. ``LABEL_POD`` (the pod's name) is what a trial's NetworkPolicy selects.
 LABEL_POD = "slr.pod"
 ANNOTATION_LABELS = "slr.dev/labels"
-SANDBOX_KIND = "k8s"
+SANDBOX_KIND = "k8s"  # the value of ``labels.SANDBOX``: orphan clean-up selects on it
 
 # The container's main process: blocks reading its stdin (kept open, never written), so it
 # has no child of its own for a test or an agent to trip over (``pgrep sleep``). PID 1 is the
@@ -107,25 +103,26 @@ def owner_labels() -> dict[str, str]:
     """Who made a pod: this host and process. Orphan clean-up checks the process is gone."""
     pid = os.getpid()
     return {
-        LABEL_SANDBOX: SANDBOX_KIND,
-        LABEL_OWNER_HOST: label_value(socket.gethostname()) or "unknown",
-        LABEL_OWNER_PID: str(pid),
-        LABEL_OWNER_START: process_start_time(pid) or "0",
+        SANDBOX: SANDBOX_KIND,
+        OWNER_HOST: label_value(socket.gethostname()) or "unknown",
+        OWNER_PID: str(pid),
+        OWNER_START: process_start_time(pid) or "0",
     }
 
 
-def trial_labels(
+def pod_labels(
     task_id: str, trial_id: str, labels: Mapping[str, str]
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """(labels, annotations): the caller's labels made valid; the originals as an annotation."""
+    """(labels, annotations) of a trial's pod: the trial's and the owner's labels, and the
+    caller's (those with valid keys, values made valid; they override neither); the caller's
+    originals as an annotation."""
+    valid = {str(k): label_value(v) for k, v in labels.items() if valid_label_key(str(k))}
     out = {
+        **trial_labels(
+            run_id=None, trial_id=label_value(trial_id), task_id=label_value(task_id), extra=valid
+        ),
         **owner_labels(),
-        LABEL_TRIAL: label_value(trial_id),
-        LABEL_TASK: label_value(task_id),
     }
-    for key, value in labels.items():
-        if valid_label_key(str(key)) and str(key) not in out:
-            out[str(key)] = label_value(value)
     annotations = {ANNOTATION_LABELS: json.dumps({str(k): str(v) for k, v in labels.items()})}
     return out, annotations
 

@@ -11,26 +11,41 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import structlog
+from attrs import frozen
 
 from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr_backend_k8s import execstream
-from slr_backend_k8s.api import K8sError, PodGone, explain, is_not_found
+from slr_backend_k8s.api import K8sError, KubeApi, PodGone, explain, is_not_found
+from slr_backend_k8s.config import K8sBackendConfig
 from slr_backend_k8s.forward import Forwarder
 from slr_backend_k8s.podspec import CONTAINER, IDLE_TAG, RELAY_TAG, network_policy
-
-if TYPE_CHECKING:
-    from slr_backend_k8s.backend import K8sBackend
 
 log = structlog.get_logger()
 
 MISSING_EXIT = 44  # download: the source path does not exist
+
+
+@frozen(kw_only=True)
+class PodAccess:
+    """What a pod's sandbox needs of its backend, handed to it at start."""
+
+    api: KubeApi  # connected
+    config: K8sBackendConfig
+    #: Run a blocking function on the backend's threads (every exec holds one).
+    call: Callable[..., Awaitable[Any]]
+    #: A pod's name -> '' while it runs; otherwise what happened to it, in words.
+    pod_problem: Callable[[str], str]
+    #: Delete a pod (and its policy) by name and free its slot.
+    release: Callable[[str], Awaitable[None]]
+    #: Whether each pod has a NetworkPolicy to change with the network mode.
+    uses_policy: bool
 
 
 class K8sSandbox:
@@ -39,7 +54,7 @@ class K8sSandbox:
     def __init__(
         self,
         *,
-        backend: K8sBackend,
+        access: PodAccess,
         name: str,
         labels: dict[str, str],
         pod_ip: str,
@@ -47,10 +62,11 @@ class K8sSandbox:
         proxy_host: str | None,
         link: ProxyLink | None = None,
     ) -> None:
-        self.backend = backend
+        self._access = access
+        self._api = access.api
         self.id = name
         self.name = name
-        self.namespace = backend.config.namespace
+        self.namespace = access.config.namespace
         self.labels = labels
         self.pod_ip = pod_ip
         self.node = node
@@ -60,10 +76,6 @@ class K8sSandbox:
         self.link = link
         self._stopped = False
         self._lock = threading.Lock()
-
-    @property
-    def _api(self):
-        return self.backend.api
 
     # -- exec ----------------------------------------------------------------------------
 
@@ -109,9 +121,9 @@ class K8sSandbox:
             cancel=cancel,
             on_timeout=functools.partial(self._kill_tree, marker),
         )
-        future = asyncio.get_running_loop().run_in_executor(self.backend.pool, job)
+        running = asyncio.ensure_future(self._access.call(job))
         try:
-            res = await asyncio.shield(future)
+            res = await asyncio.shield(running)
         except asyncio.CancelledError:
             # The worker thread sees the flag, kills the command's tree and ends the stream.
             cancel.set()
@@ -237,7 +249,7 @@ class K8sSandbox:
             execstream.wrap(argv, marker=uuid.uuid4().hex, cwd="/"),
         )
         try:
-            res = await asyncio.get_running_loop().run_in_executor(self.backend.pool, job)
+            res = await self._access.call(job)
         except K8sError:
             await self._raise_if_gone()
             raise
@@ -248,7 +260,7 @@ class K8sSandbox:
 
     async def logs(self) -> str:
         """The pod's own output (its PID 1 prints nothing unless the image's command did)."""
-        return await self.backend.call(
+        return await self._access.call(
             self._api.core.read_namespaced_pod_log, self.name, self.namespace, container=CONTAINER
         )
 
@@ -260,14 +272,14 @@ class K8sSandbox:
             with self._lock:
                 if self.network != "proxy-only":
                     raise SandboxError("the proxy link is closed after the agent phase")
-                inner, target = inner_proxy_url(host_url, self.backend.config.link_port)
+                inner, target = inner_proxy_url(host_url, self._access.config.link_port)
                 self.link.set_target(*target)
             return inner
         parts = urlsplit(host_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"proxy URL {host_url!r} is not an http(s) URL with a host")
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        cfg = self.backend.config
+        cfg = self._access.config
         if self.proxy_host is None:
             raise SandboxError(f"pod {self.name} has no address to reach the proxy at")
         if cfg.proxy_forward:
@@ -301,8 +313,8 @@ class K8sSandbox:
                 "without network (use backend.network = 'policy' for tasks that need it)",
                 pod=self.name,
             )
-        if self.backend.uses_policy:
-            await self.backend.call(self._replace_policy, mode)
+        if self._access.uses_policy:
+            await self._access.call(self._replace_policy, mode)
 
     def _replace_policy(self, mode: NetworkMode) -> None:
         net = self._api.networking
@@ -330,7 +342,7 @@ class K8sSandbox:
             raise SandboxError(f"sandbox {self.name} was stopped")
 
     async def _raise_if_gone(self) -> None:
-        problem = await self.backend.call(self.backend.pod_problem, self.name)
+        problem = await self._access.call(self._access.pod_problem, self.name)
         if problem:
             raise PodGone(f"pod {self.name} {problem}; the trial's sandbox is lost")
 
@@ -343,7 +355,7 @@ class K8sSandbox:
             if self.forwarder is not None:
                 self.forwarder.close()
         try:
-            await self.backend.release(self)
+            await self._access.release(self.name)
         finally:
             if self.link is not None:
                 self.link.remove()

@@ -195,7 +195,9 @@ class LocalBackend:
             shutil.rmtree(ws, ignore_errors=True)
             raise
         return LocalSandbox(
-            backend=self,
+            bwrap=self.bwrap,
+            python=self.config.python,
+            proxy_port=self.config.proxy_port,
             workspace=ws,
             workdir=meta["workdir"],
             env=meta["env"],

@@ -11,7 +11,6 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -19,28 +18,33 @@ from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr_backend_local.isolation import BASE_ENV, LINK_MOUNT, bwrap_argv
 
-if TYPE_CHECKING:
-    from slr_backend_local.backend import LocalBackend
-
 log = structlog.get_logger()
 
 _warned_user = False
 
 
 class LocalSandbox:
-    """``Sandbox`` in a workspace folder. ``workspace/fs`` is the sandbox's ``/``."""
+    """``Sandbox`` in a workspace folder. ``workspace/fs`` is the sandbox's ``/``.
+
+    ``bwrap`` is the bubblewrap binary (None: no isolation, plain subprocesses); ``python``
+    runs the proxy relay in front of each command, which listens on ``proxy_port``.
+    """
 
     def __init__(
         self,
         *,
-        backend: LocalBackend,
+        bwrap: str | None,
+        python: str,
+        proxy_port: int,
         workspace: Path,
         workdir: str,
         env: Mapping[str, str],
         link: ProxyLink | None,
         mounts: Mapping[Path, str],
     ) -> None:
-        self.backend = backend
+        self.bwrap = bwrap
+        self.python = python
+        self.proxy_port = proxy_port
         self.workspace = workspace
         self.root = workspace / "fs"
         self.id = workspace.name
@@ -80,19 +84,19 @@ class LocalSandbox:
         argv = command_argv(command)
         inner_cwd = cwd or self.workdir
         full_env = {**self.env, **(env or {})}
-        if self.backend.bwrap is not None:
+        if self.bwrap is not None:
             relay = self.link is not None and self.network == "proxy-only"
             if relay:
                 argv = [
-                    self.backend.config.python,
+                    self.python,
                     f"{LINK_MOUNT}/relay.py",
-                    str(self.backend.config.proxy_port),
+                    str(self.proxy_port),
                     f"{LINK_MOUNT}/proxy.sock",
                     "--",
                     *argv,
                 ]
             argv = bwrap_argv(
-                self.backend.bwrap,
+                self.bwrap,
                 self.root,
                 argv,
                 cwd=inner_cwd,
@@ -189,7 +193,7 @@ class LocalSandbox:
 
     def _writable(self, inner: str) -> Path:
         top = posixpath.normpath("/" + inner).lstrip("/").split("/")[0]
-        if self.backend.bwrap is not None and top in ("usr", "bin", "sbin", "lib", "lib64"):
+        if self.bwrap is not None and top in ("usr", "bin", "sbin", "lib", "lib64"):
             raise SandboxError(f"{inner} is on the host's read-only /usr in a local sandbox")
         return self.host_path(inner)
 
@@ -197,7 +201,7 @@ class LocalSandbox:
         if self.link is None:
             # No isolation: the sandbox shares the host's network and dials the proxy as is.
             return host_url
-        inner, target = inner_proxy_url(host_url, self.backend.config.proxy_port)
+        inner, target = inner_proxy_url(host_url, self.proxy_port)
         self.link.set_target(*target)
         return inner
 
