@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from filelock import FileLock
 from slr_engine_hf.engine import HfEngine
-from slr_engine_hf.models import cache_dir
+from slr_engine_hf.models import MARKER, cache_dir
 from slr_engine_hf.tiny import chat_prompt, save, teach, tokenizer
 
 #: The action that solves examples/tasks/hello-world, in every scaffold's format.
@@ -110,13 +110,18 @@ def taught_model(action: str, *, after_result: str | None = None) -> Path:
     (``<slr cache>/models/taught-<hash>``), so later test sessions load it in a second.
     """
     parts = [_model, _examples, teach]
-    recipe = "\n".join([_RECIPE, *map(inspect.getsource, parts), action, repr(after_result)])
+    tok = tokenizer()
+    # the tokenizer's special tokens are part of the recipe: a policy taught under another
+    # eos (a wrongly converted tokenizer) stops in the wrong place
+    special = f"eos={tok.eos_token!r} bos={tok.bos_token!r} pad={tok.pad_token!r}"
+    recipe = "\n".join(
+        [_RECIPE, *map(inspect.getsource, parts), action, repr(after_result), special]
+    )
     key = hashlib.sha256(recipe.encode()).hexdigest()[:16]
     folder = cache_dir() / "models" / f"taught-{key}"
-    tok = tokenizer()
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):
-        if not (folder / "slr-model.json").is_file():
+        if not (folder / MARKER).is_file():
             model = _model(tok)
             worst = teach(
                 model,

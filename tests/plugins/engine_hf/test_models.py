@@ -89,6 +89,29 @@ def _assert_smollm2_special_tokens(folder):
     assert Renderer(tokenizer, HermesParser()).stop_token_ids == frozenset({2})
 
 
+@pytest.mark.slow
+def test_a_tokenizer_alone_converts_by_the_same_rules(tmp_path, monkeypatch):
+    """Tests that need only the tokenizer get it without converting the weights, and with
+    the same special tokens (this path once wrote transformers' wrong eos unchecked)."""
+    from slr_engine_hf.tiny import tokenizer
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("SLR_CACHE_DIR", str(tmp_path))
+    folder = models.ensure_tokenizer("smollm2-135m-instruct")
+    assert folder == tmp_path / "models" / "smollm2-135m-instruct-tokenizer"
+    assert not (folder / "model.safetensors").exists()
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 2)
+    assert tokenizer().eos_token_id == 2
+    # a tampered folder is made again, not trusted
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({**config, "eos_token": "<|im_start|>"})
+    )
+    assert models.ensure_tokenizer("smollm2-135m-instruct") == folder
+    assert AutoTokenizer.from_pretrained(folder).eos_token == "<|im_end|>"
+
+
 def test_the_gguf_metadata_names_the_special_tokens_and_template():
     special, template = models.gguf_special_tokens(models.packaged_gguf("smollm2-135m-instruct"))
     assert special.eos == (2, "<|im_end|>")

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,9 @@ PACKAGED = {
         "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
     }
 }
-_MARKER = "slr-model.json"
+MARKER = "slr-model.json"
+"""The marker file of a folder this package made (a conversion records its special tokens)."""
+
 # Bump when the converted folder's layout changes. 2: special tokens from the GGUF metadata
 # (format 1 folders may carry transformers' wrong eos and are converted again).
 _FORMAT = 2
@@ -200,22 +203,25 @@ def resolve(model: str | os.PathLike[str]) -> Path:
     )
 
 
+def _source(model: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """The GGUF file behind a packaged model name or a .gguf path, and its cache folder."""
+    text = str(model)
+    if text in PACKAGED:
+        return packaged_gguf(text), cache_dir() / "models" / text
+    gguf = Path(text).expanduser().resolve()
+    if not gguf.is_file():
+        raise UsageError(f"GGUF file {text!r} does not exist")
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    return gguf, cache_dir() / "models" / f"{gguf.stem.lower()}-{key[:12]}"
+
+
 def ensure_model(model: str | os.PathLike[str], *, progress: bool = True) -> Path:
     """Convert a packaged model name or a GGUF file once into the cache; return its folder.
 
     Safe to call from several processes at once. Later calls return in milliseconds.
     """
-    text = str(model)
-    if text in PACKAGED:
-        gguf = packaged_gguf(text)
-        target = cache_dir() / "models" / text
-    else:
-        gguf = Path(text).expanduser().resolve()
-        if not gguf.is_file():
-            raise UsageError(f"GGUF file {text!r} does not exist")
-        stat = gguf.stat()
-        key = hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-        target = cache_dir() / "models" / f"{gguf.stem.lower()}-{key[:12]}"
+    gguf, target = _source(model)
     if _is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -226,10 +232,74 @@ def ensure_model(model: str | os.PathLike[str], *, progress: bool = True) -> Pat
     return target
 
 
+def ensure_tokenizer(model: str | os.PathLike[str]) -> Path:
+    """A folder holding the tokenizer and chat template of a packaged model or GGUF file.
+
+    The converted model folder when it is in the cache; otherwise a tokenizer-only folder
+    beside it (seconds: no weights), made and checked by the same rules as the model's.
+    """
+    gguf, target = _source(model)
+    if _is_complete(target):
+        return target
+    folder = target.with_name(target.name + "-tokenizer")
+    if _is_complete(folder):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if not _is_complete(folder):
+            special, tokenizer = _gguf_tokenizer(gguf)
+            _publish(folder, gguf, special, tokenizer.save_pretrained)
+    return folder
+
+
+def _gguf_tokenizer(gguf: Path) -> tuple[SpecialTokens, Any]:
+    """The GGUF file's tokenizer with the special tokens its metadata declares, checked."""
+    from transformers import AutoTokenizer
+
+    special, template = gguf_special_tokens(gguf)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The GGUF metadata is the source of truth for the special tokens (see the module
+    # docstring), not transformers' reading of it.
+    for name, pair in attrs.asdict(special).items():
+        if pair is not None:
+            setattr(tokenizer, f"{name}_token", pair[1])
+    if template and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = template
+    check_special_tokens(tokenizer, special, source=gguf.name)
+    return special, tokenizer
+
+
+def _publish(
+    target: Path, gguf: Path, special: SpecialTokens, write: Callable[[Path], Any]
+) -> None:
+    """``write`` the folder into a temporary sibling, check it as users will load it, then
+    rename it to ``target``: the folder appears complete or not at all."""
+    from transformers import AutoTokenizer
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(tmp)
+        check_special_tokens(AutoTokenizer.from_pretrained(tmp), special, source=gguf.name)
+        if folder_special_tokens(tmp) != special:
+            raise ConversionError(
+                f"converted model from {gguf.name}: the saved config files declare "
+                f"{folder_special_tokens(tmp).to_json()}, the GGUF metadata "
+                f"{special.to_json()}"
+            )
+        marker = {"format": _FORMAT, "source": gguf.name, "special_tokens": special.to_json()}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        if target.exists():  # an incomplete or stale leftover
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def _is_complete(folder: Path) -> bool:
     """A finished conversion of the current format whose files still say what it recorded."""
     try:
-        marker = json.loads((folder / _MARKER).read_text())
+        marker = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
         return False
     if marker.get("format") != _FORMAT:
@@ -253,23 +323,27 @@ def _is_complete(folder: Path) -> bool:
 def folder_special_tokens(folder: Path) -> SpecialTokens:
     """The special tokens a model folder's JSON files declare (no tokenizer loaded).
 
-    The ids come from ``config.json`` and ``generation_config.json`` (which must agree),
-    the texts from ``tokenizer_config.json``; a disagreement raises ``ValueError``.
+    The ids come from ``config.json``, ``generation_config.json`` (when the folder has
+    weights) and ``tokenizer_config.json``, which must all agree; the texts from
+    ``tokenizer_config.json``. A disagreement raises ``ValueError``.
     """
-    config = json.loads((folder / "config.json").read_text())
-    generation = json.loads((folder / "generation_config.json").read_text())
     tok = json.loads((folder / "tokenizer_config.json").read_text())
+    sources = [tok]
+    for name in ("config.json", "generation_config.json"):
+        if (folder / name).is_file():
+            sources.append(json.loads((folder / name).read_text()))
     pairs: dict[str, tuple[int, str] | None] = {}
     for name in ("bos", "eos", "pad"):
-        ids = {config.get(f"{name}_token_id"), generation.get(f"{name}_token_id")}
+        key = f"{name}_token_id"
+        ids = {src.get(key) for src in sources if key in src or src is not tok}
         text = tok.get(f"{name}_token")
         if isinstance(text, dict):  # an AddedToken written out in full
             text = text.get("content")
-        if len(ids) != 1:
+        if len(ids) > 1:
             raise ValueError(
                 f"{name} token id differs between config files: {sorted(map(str, ids))}"
             )
-        (only,) = ids
+        only = next(iter(ids), None)
         pairs[name] = None if only is None or text is None else (int(only), str(text))
     eos = pairs["eos"]
     if eos is None:
@@ -296,28 +370,19 @@ def _convert(gguf: Path, target: Path, *, progress: bool) -> None:
     ) as bar:
         task = bar.add_task(f"preparing {target.name}: {steps[0][1]}", total=len(steps))
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
-        special, template = gguf_special_tokens(gguf)
+        special, tokenizer = _gguf_tokenizer(gguf)
         quantized = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
         )
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        # The GGUF metadata is the source of truth for the special tokens (see the module
-        # docstring), not transformers' reading of it.
-        for name, pair in attrs.asdict(special).items():
-            if pair is not None:
-                setattr(tokenizer, f"{name}_token", pair[1])
-        if template and not getattr(tokenizer, "chat_template", None):
-            tokenizer.chat_template = template
-        check_special_tokens(tokenizer, special, source=gguf.name)
         bar.update(task, advance=1, description=f"preparing {target.name}: {steps[1][1]}")
 
         # save_pretrained refuses a GGUF-loaded model; a fresh model from the same config
         # (minus the quantization marker) takes the de-quantized weights unchanged.
         config = quantized.config
         if hasattr(config, "quantization_config"):
-            delattr(config, "quantization_config")
+            del config.quantization_config
         config.dtype = torch.float32
         for name, pair in attrs.asdict(special).items():
             setattr(config, f"{name}_token_id", None if pair is None else pair[0])
@@ -332,35 +397,15 @@ def _convert(gguf: Path, target: Path, *, progress: bool) -> None:
         del quantized
         bar.update(task, advance=1, description=f"preparing {target.name}: {steps[2][1]}")
 
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
-            fresh.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            generation = GenerationConfig(
+        def write(folder: Path) -> None:
+            fresh.save_pretrained(folder, safe_serialization=True)
+            tokenizer.save_pretrained(folder)
+            GenerationConfig(
                 bos_token_id=None if special.bos is None else special.bos[0],
                 eos_token_id=special.eos[0],
                 pad_token_id=None if special.pad is None else special.pad[0],
-            )
-            generation.save_pretrained(tmp)
-            # What was saved, read back the way users load it, before it becomes visible.
-            check_special_tokens(AutoTokenizer.from_pretrained(tmp), special, source=gguf.name)
-            if folder_special_tokens(tmp) != special:
-                raise ConversionError(
-                    f"converted model from {gguf.name}: the saved config files declare "
-                    f"{folder_special_tokens(tmp).to_json()}, the GGUF metadata "
-                    f"{special.to_json()}"
-                )
-            marker = {
-                "format": _FORMAT,
-                "source": gguf.name,
-                "special_tokens": special.to_json(),
-            }
-            (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-            if target.exists():  # an incomplete leftover from an interrupted older run
-                shutil.rmtree(target)
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            ).save_pretrained(folder)
+
+        _publish(target, gguf, special, write)
         bar.update(task, advance=1, description=f"prepared {target.name}")
     log.info("model ready", folder=str(target))

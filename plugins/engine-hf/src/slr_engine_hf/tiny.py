@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from filelock import FileLock
 
 from slr_engine_hf.config import DEFAULT_MODEL
-from slr_engine_hf.models import PACKAGED, cache_dir, packaged_gguf
+from slr_engine_hf.models import MARKER, ensure_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -33,23 +32,11 @@ Architecture = Literal["qwen2", "qwen3_moe", "mixtral"]
 
 
 def tokenizer(name: str = DEFAULT_MODEL) -> Any:
-    """The packaged model's tokenizer (with its chat template), cached on first use."""
+    """The packaged model's tokenizer (with its chat template), cached on first use: from
+    the converted model when it is cached, else a tokenizer-only conversion (seconds)."""
     from transformers import AutoTokenizer
 
-    full = cache_dir() / "models" / name
-    if (full / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(full))
-    folder = cache_dir() / "models" / f"{name}-tokenizer"
-    if not (folder / "tokenizer.json").is_file():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(folder) + ".lock"):
-            if not (folder / "tokenizer.json").is_file():
-                gguf = packaged_gguf(name) if name in PACKAGED else Path(name)
-                tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-                tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-                tok.save_pretrained(tmp)
-                os.replace(tmp, folder)
-    return AutoTokenizer.from_pretrained(str(folder))
+    return AutoTokenizer.from_pretrained(str(ensure_tokenizer(name)))
 
 
 def tiny_model(
@@ -215,5 +202,5 @@ def save(model: PreTrainedModel, tok: Any, folder: str | os.PathLike[str]) -> Pa
     path = Path(folder)
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
-    (path / "slr-model.json").write_text(json.dumps({"format": 1, "source": "tiny"}) + "\n")
+    (path / MARKER).write_text(json.dumps({"source": "tiny"}) + "\n")
     return path
