@@ -382,7 +382,7 @@ def _convert(gguf: Path, target: Path, *, progress: bool) -> None:
         # (minus the quantization marker) takes the de-quantized weights unchanged.
         config = quantized.config
         if hasattr(config, "quantization_config"):
-            del config.quantization_config
+            delattr(config, "quantization_config")
         config.dtype = torch.float32
         for name, pair in attrs.asdict(special).items():
             setattr(config, f"{name}_token_id", None if pair is None else pair[0])
