@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 from attrs import field, frozen
 
-from slr.contracts.sandbox import NetworkMode, network_mode
+from slr.contracts.network import NetworkMode, network_mode
 from slr.errors import UsageError
 
 log = structlog.get_logger()

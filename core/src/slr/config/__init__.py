@@ -12,7 +12,7 @@ import difflib
 import tomllib
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import attrs
 import tomli_w
@@ -20,7 +20,6 @@ from attrs import frozen, validators
 
 from slr.config.structure import option, structure, unstructure
 from slr.errors import ConfigError
-from slr.plugins import PluginManager
 
 __all__ = ["PLUGIN_SECTIONS", "Config", "PluginChoice", "load_config", "option"]
 
@@ -193,10 +192,22 @@ def _apply(data: dict[str, Any], keys: list[str], value: Any) -> None:
     node[keys[-1]] = value
 
 
+class _Registered(Protocol):
+    @property
+    def config_cls(self) -> type | None: ...
+
+
+class PluginLookup(Protocol):
+    """What loading a config needs of the plugin manager (``slr.plugins.PluginManager``
+    is one): each chosen plugin's options class, or an error naming what is installed."""
+
+    def get(self, kind: str, name: str) -> _Registered: ...
+
+
 def load_config(
     path: Path | None = None,
     *,
-    plugins: PluginManager,
+    plugins: PluginLookup,
     choose: dict[str, str | None] | None = None,
     sets: list[str] | tuple[str, ...] = (),
     data: dict[str, Any] | None = None,

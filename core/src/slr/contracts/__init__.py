@@ -2,6 +2,7 @@
 
 from slr.contracts.agent import AgentAdapter, AgentOutcome, Bundle, Endpoint
 from slr.contracts.engine import ContextOverflow, Engine, EngineUnavailable
+from slr.contracts.network import NETWORK_MODES, NetworkMode, network_mode
 from slr.contracts.optimizer import Optimizer
 from slr.contracts.records import (
     ExecResult,
@@ -14,13 +15,10 @@ from slr.contracts.records import (
     TrialResult,
 )
 from slr.contracts.sandbox import (
-    NETWORK_MODES,
     BrokenEnvironment,
-    NetworkMode,
     Sandbox,
     SandboxBackend,
     SandboxError,
-    network_mode,
 )
 from slr.contracts.serialize import from_dict, to_dict
 from slr.contracts.verifier import Verifier, VerifierError, VerifierTimeout
