@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -129,3 +132,87 @@ def test_workspace_processes_are_found_and_killed_by_their_root(backend, example
     killed, res = asyncio.run(go())
     assert killed >= 1
     assert not res.timed_out and res.exit_code == 137
+
+
+def _held_bwrap(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A bwrap that says when it has cloned its sandbox's init (--info-fd) and holds that init
+    in its set-up (--block-fd) until a byte is written to ``release``."""
+    info, release = tmp_path / "info", tmp_path / "release"
+    os.mkfifo(info)
+    os.mkfifo(release)
+    wrapper = tmp_path / "bwrap-held"
+    wrapper.write_text(
+        f"#!/bin/sh\nexec 9<>{release} 8>{info}\n"
+        f'exec {shutil.which("bwrap")} --block-fd 9 --info-fd 8 "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper, info, release
+
+
+def test_a_command_whose_bwrap_died_during_set_up_is_still_ended(backend, example_tasks, tmp_path):
+    # bwrap's sandbox init (pid 1 of the command's namespace) asks for --die-with-parent's
+    # signal only once its set-up is done. If bwrap dies first (killed alone, as asyncio's own
+    # clean-up of a cancelled spawn does), the init is re-parented, starts the command in its
+    # own session and holds the exec's pipes: a cancelled trial then waited on them forever.
+    from slr_backend_local.sandbox import kill_workspace_processes
+
+    wrapper, info, release = _held_bwrap(tmp_path)
+
+    async def go():
+        sb = await backend.start(example_tasks[0], trial_id="escaped-init", labels={})
+        try:
+            sb.bwrap = str(wrapper)
+            started = sb.host_path("/tmp/started")
+            os.mkfifo(started)
+            running = asyncio.ensure_future(sb.exec("echo up > /tmp/started; exec sleep 600"))
+            init = json.loads(await asyncio.to_thread(info.read_text))["child-pid"]
+            status = Path(f"/proc/{init}/status").read_text()
+            bwrap_pid = int(status.split("PPid:")[1].split()[0])
+            os.kill(bwrap_pid, signal.SIGKILL)  # bwrap dies; its init is still in its set-up
+            release.write_text("x")  # the orphaned init carries on and starts the command
+            try:
+                up = await asyncio.wait_for(asyncio.to_thread(started.read_text), 60)
+            except TimeoutError:
+                pytest.fail("the orphaned sandbox init never started the command")
+            assert up == "up\n"
+            assert Path(f"/proc/{init}").exists(), "the init did not outlive bwrap"
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+            return kill_workspace_processes(sb.root)
+        finally:
+            await sb.stop()
+
+    assert asyncio.run(go()) == 0, "a process of the cancelled command outlived it"
+
+
+def test_an_escaped_init_of_a_dead_owner_is_killed_by_cleanup_orphans(
+    backend, example_tasks, tmp_path
+):
+    # When slr itself is killed, bwrap follows it (--die-with-parent), but an init still in its
+    # set-up escapes as above, with nothing left to end it: the next start's cleanup does.
+    from slr_backend_local.sandbox import kill_workspace_processes
+
+    wrapper, info, release = _held_bwrap(tmp_path)
+
+    async def go():
+        sb = await backend.start(example_tasks[0], trial_id="dead-owner", labels={})
+        sb.bwrap = str(wrapper)
+        running = asyncio.ensure_future(sb.exec("sleep 600"))
+        init = json.loads(await asyncio.to_thread(info.read_text))["child-pid"]
+        status = Path(f"/proc/{init}/status").read_text()
+        os.kill(int(status.split("PPid:")[1].split()[0]), signal.SIGKILL)
+        release.write_text("x")
+        dead = await asyncio.create_subprocess_exec("true")
+        await dead.wait()
+        (sb.workspace / OWNER_FILE).write_text(json.dumps({"pid": dead.pid}))
+        removed = await backend.cleanup_orphans()
+        left = kill_workspace_processes(sb.root)
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError, SandboxError):
+            await running
+        await sb.stop()
+        return removed, left
+
+    removed, left = asyncio.run(go())
+    assert removed >= 1 and left == 0

@@ -1,4 +1,16 @@
-"""One local trial: a workspace folder, and commands run in it under bubblewrap."""
+"""One local trial: a workspace folder, and commands run in it under bubblewrap.
+
+Ending a command (a timeout, a cancelled trial, ``end_processes``) must end all of it, or
+whatever still holds its output pipes keeps the exec waiting for an end of file that never
+comes. Under bubblewrap that is harder than killing a process tree: bwrap clones the
+sandbox's init (pid 1 of its namespaces, where the command runs) and that init asks for
+``--die-with-parent``'s SIGKILL only once its set-up is done. If bwrap dies in between,
+the init is re-parented to the host's init, finishes its set-up, starts the command and
+outlives everything, holding the pipes. So each command carries a marker on bwrap's command
+line (which the init, a fork of bwrap, shares); ending it kills bwrap's tree, waits until
+bwrap has really exited (after that it cannot clone anything more) and then kills whatever
+still carries the marker: killing the init takes its whole pid namespace along.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +21,7 @@ import posixpath
 import shutil
 import signal
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -21,6 +34,49 @@ from slr_backend_local.isolation import BASE_ENV, LINK_MOUNT, bwrap_argv
 log = structlog.get_logger()
 
 _warned_user = False
+
+# The variable that marks each command (the docker backend uses the same name); under
+# bubblewrap it is on bwrap's command line, ``--setenv SLR_EXEC_ID <marker>``.
+EXEC_MARKER = "SLR_EXEC_ID"
+# How long an ended command's output may still take to reach its end of file. Under
+# bubblewrap nothing is left to hold the pipes; without it, a process that escaped into its
+# own session can keep them open, and its output is given up on.
+_DRAIN_S = 10.0
+
+
+class _Command:
+    """One running command: its process, its marker, and a pidfd that says when it exited."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, marker: str) -> None:
+        self.proc = proc
+        self.marker = marker
+        try:
+            # Opened while the process cannot have been reaped yet (the exec has not waited).
+            self.pidfd: int | None = os.pidfd_open(proc.pid)
+        except (OSError, AttributeError):  # already gone, or no pidfd (Linux < 5.3)
+            self.pidfd = None
+
+    async def exited(self) -> None:
+        """Return once the process has exited (reaped or not), without reading its pipes."""
+        if self.pidfd is None:
+            return
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def readable() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(self.pidfd, readable)
+        try:
+            await done
+        finally:
+            loop.remove_reader(self.pidfd)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 class LocalSandbox:
@@ -53,7 +109,7 @@ class LocalSandbox:
         self.link = link
         self.mounts = mounts
         self.network: NetworkMode = "proxy-only"
-        self._procs: set[asyncio.subprocess.Process] = set()
+        self._procs: set[_Command] = set()
         self._stopped = False
 
     def host_path(self, inner: str) -> Path:
@@ -84,6 +140,8 @@ class LocalSandbox:
         argv = command_argv(command)
         inner_cwd = cwd or self.workdir
         full_env = {**self.env, **(env or {})}
+        marker = uuid.uuid4().hex
+        full_env[EXEC_MARKER] = marker
         if self.bwrap is not None:
             relay = self.link is not None and self.network == "proxy-only"
             if relay:
@@ -111,36 +169,26 @@ class LocalSandbox:
             proc_env = {**os.environ, **full_env}
             host_cwd = self.host_path(inner_cwd)
         started = time.monotonic()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=proc_env,
-                cwd=host_cwd,
-                start_new_session=True,  # its own process group: the timeout kills the tree
-            )
-        except OSError as exc:
-            raise SandboxError(f"sandbox {self.id}: cannot start {argv[0]}: {exc}") from exc
-        self._procs.add(proc)
+        cmd = await self._spawn(argv, marker, env=proc_env, cwd=host_cwd)
+        self._procs.add(cmd)
         timed_out = False
         try:
-            comm = asyncio.ensure_future(proc.communicate())
+            comm = asyncio.ensure_future(cmd.proc.communicate())
             try:
                 out, err = await asyncio.wait_for(asyncio.shield(comm), timeout=timeout_s)
             except TimeoutError:
                 timed_out = True
-                self._kill(proc)
-                try:
-                    out, err = await asyncio.wait_for(comm, timeout=10)
-                except TimeoutError:  # without bubblewrap, an escaped child may hold the pipes
-                    out, err = b"", b"(output lost: a process outlived the timeout)"
-        except asyncio.CancelledError:
-            self._kill(proc)
-            raise
+                await self._end(cmd)
+                out, err = await _drained(comm)
+            except asyncio.CancelledError:
+                # End it here, pipes included: a command left running would hold them.
+                await self._end(cmd)
+                await _drained(comm)
+                raise
         finally:
-            self._procs.discard(proc)
+            self._procs.discard(cmd)
+            cmd.close()
+        proc = cmd.proc
         self._check()
         code = proc.returncode
         return ExecResult(
@@ -155,17 +203,47 @@ class LocalSandbox:
     async def end_processes(self) -> None:
         """Kill what is still running. Under bubblewrap each command has its own pid
         namespace, so nothing outlives its command; this ends the commands themselves."""
-        for proc in list(self._procs):
-            self._kill(proc)
+        await asyncio.gather(*(self._end(cmd) for cmd in list(self._procs)))
 
-    def _kill(self, proc: asyncio.subprocess.Process) -> None:
-        # bubblewrap's init inside the sandbox starts its own session (--new-session), so a
-        # group kill misses it, its --die-with-parent does not always fire, and it keeps the
-        # output pipes open (reading them would wait forever): kill the whole tree by pid.
-        for pid in reversed(_tree(proc.pid)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        _kill_group(proc)
+    async def _spawn(
+        self, argv: list[str], marker: str, *, env: dict[str, str], cwd: Path | None
+    ) -> _Command:
+        # Shielded: a cancel that lands while asyncio is still connecting the pipes would be
+        # handled by asyncio itself, which kills bwrap alone (its sandbox's init can escape,
+        # see the module's docstring) and then waits for pipes it never connected: forever.
+        spawn = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,  # its own process group: the kill takes the group
+            )
+        )
+        try:
+            proc = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            with contextlib.suppress(OSError):
+                cmd = _Command(await spawn, marker)
+                try:
+                    await self._end(cmd)
+                    await _drained(asyncio.ensure_future(cmd.proc.communicate()))
+                finally:
+                    cmd.close()
+            raise
+        except OSError as exc:
+            raise SandboxError(f"sandbox {self.id}: cannot start {argv[0]}: {exc}") from exc
+        return _Command(proc, marker)
+
+    async def _end(self, cmd: _Command) -> None:
+        """Kill a command and everything it started, bubblewrap's escaped init included."""
+        if cmd.proc.returncode is None:  # once reaped, its pid may be another process's
+            _kill_tree(cmd.proc.pid)
+        await cmd.exited()
+        if self.bwrap is not None:
+            kill_marked_processes(cmd.marker)
 
     async def upload(self, src: Path, dest: str) -> None:
         self._check()
@@ -218,8 +296,8 @@ class LocalSandbox:
         if self._stopped:
             return
         self._stopped = True
-        for proc in list(self._procs):
-            _kill_group(proc)
+        for cmd in list(self._procs):
+            _kill_tree(cmd.proc.pid)
         # A safety net: anything still running on this workspace (a sandbox whose bwrap
         # parent died without taking it along) is found by its root and killed.
         kill_workspace_processes(self.root)
@@ -238,14 +316,27 @@ def _tree(pid: int) -> list[int]:
     return pids
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``, its descendants and its process group (the command's session)."""
+    for p in reversed(_tree(pid)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
 
 
-def kill_workspace_processes(root: Path) -> int:
-    """SIGKILL every process on this machine whose command line binds ``root`` as ``/``."""
-    needle = f"\0--bind\0{root}\0/\0".encode()
+async def _drained(comm: asyncio.Future[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+    """A killed command's output, once its pipes reach their end of file."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(comm), timeout=_DRAIN_S)
+    except TimeoutError:  # without bubblewrap, an escaped child may hold the pipes
+        comm.cancel()
+        return b"", b"(output lost: a process outlived the kill)"
+
+
+def _kill_matching(needle: bytes) -> int:
+    """SIGKILL every process on this machine whose NUL-separated command line holds
+    ``needle``; returns how many."""
     killed = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -260,3 +351,13 @@ def kill_workspace_processes(root: Path) -> int:
                 os.kill(int(entry), signal.SIGKILL)
                 killed += 1
     return killed
+
+
+def kill_marked_processes(marker: str) -> int:
+    """SIGKILL every bubblewrap process of the command marked ``marker``."""
+    return _kill_matching(f"\0--setenv\0{EXEC_MARKER}\0{marker}\0".encode())
+
+
+def kill_workspace_processes(root: Path) -> int:
+    """SIGKILL every process on this machine whose command line binds ``root`` as ``/``."""
+    return _kill_matching(f"\0--bind\0{root}\0/\0".encode())
