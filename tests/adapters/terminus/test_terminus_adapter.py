@@ -45,7 +45,7 @@ def test_settings_point_litellm_at_the_endpoint():
 
 
 def test_command_brings_its_own_tmux_and_litellm_offline_and_ends_tmux_after():
-    from slr_adapter_terminus.adapter import TMUX_TMPDIR, _end_tmux
+    from slr.agents.tmux import TMUX_TMPDIR, end_tmux
 
     endpoint = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
     command, env = Terminus().command("/b", endpoint)
@@ -54,6 +54,6 @@ def test_command_brings_its_own_tmux_and_litellm_offline_and_ends_tmux_after():
     assert env["TMUX_TMPDIR"] == TMUX_TMPDIR
     assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True" and env["OPENAI_API_KEY"] == "k"
     assert env["LD_LIBRARY_PATH"] == "/b/python/lib"
-    assert _end_tmux("/b") == (
+    assert end_tmux("/b") == (
         f'PATH="$PATH:/b/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server'
     )

@@ -7,7 +7,6 @@ from attrs import frozen, validators
 from slr.agents import bundles
 from slr.agents.bundle_recipes import (
     host_tool,
-    host_tools_bin,
     python_bin,
     python_env,
     python_packages,
@@ -19,22 +18,10 @@ from slr.agents.headless import (
     openai_base_url,
     run_scaffold,
 )
+from slr.agents.tmux import ENV as TMUX_ENV
+from slr.agents.tmux import end_tmux, with_tmux
 from slr.config import option
 from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
-
-#: Its tmux server's socket folder, its own: the server daemonizes, so it is ended by
-#: name after the run (``_end_tmux``), timed out or not.
-TMUX_TMPDIR = f"{AGENT_DIR}/tmux"
-
-
-def _with_tmux(root: str, command: str) -> str:
-    """``command`` with the bundle's tmux on PATH (after the image's own) and its socket
-    folder in place."""
-    return f'export PATH="$PATH:{host_tools_bin(root)}"; mkdir -p {TMUX_TMPDIR} && {command}'
-
-
-def _end_tmux(root: str) -> str:
-    return f'PATH="$PATH:{host_tools_bin(root)}" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server'
 
 
 @frozen(kw_only=True)
@@ -93,13 +80,13 @@ class OpenHands(AgentAdapter):
             **python_env(root),
             # its model calls go through litellm: the price list is read locally, not fetched
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "TMUX_TMPDIR": TMUX_TMPDIR,
+            **TMUX_ENV,
             # The key travels in the environment, not in a file the agent could read back.
             "SLR_OPENHANDS_API_KEY": endpoint.api_key,
             **({"ALLOW_SHORT_CONTEXT_WINDOWS": "true"} if self.config.allow_short_context else {}),
             **self.config.env,
         }
-        return _with_tmux(root, driver_command(python_bin(root, self.config.python))), env
+        return with_tmux(root, driver_command(python_bin(root, self.config.python))), env
 
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
@@ -111,7 +98,7 @@ class OpenHands(AgentAdapter):
             endpoint,
             timeout_s=timeout_s,
             python=True,
-            cleanup=_end_tmux,  # its terminal tool
+            cleanup=end_tmux,  # its terminal tool
             files=driver_files("slr_adapter_openhands", self.settings(endpoint)),
             logs_from=[f"{AGENT_DIR}/openhands"],
         )
