@@ -1,21 +1,26 @@
-"""The engine contract: token ids in, token ids + log-probs out."""
+"""The engine contract: token ids in, token ids + log-probs out, streamed or collected."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from slr.contracts.records import Generation, SamplingParams
+from slr.contracts.records import FinishReason, Generation, GenerationChunk, SamplingParams
+
+#: How ``update_weights`` treats generations in flight (docs/engines.md, "Weight updates").
+UpdateMode = Literal["drain", "partial"]
+UPDATE_MODES: tuple[str, ...] = ("drain", "partial")
 
 
 @runtime_checkable
 class Engine(Protocol):
     """An inference engine serving the policy.
 
-    ``generate`` never re-tokenizes: it takes the exact prompt ids and returns the exact
-    sampled ids with their behaviour log-probs (definition on ``Generation``).
-    ``weights_version`` counts ``update_weights`` calls; every Generation records the version
-    that produced it, and a generation never spans two versions.
+    ``stream`` and ``generate`` never re-tokenize: they take the exact prompt ids and give
+    the exact sampled ids with their behaviour log-probs (definition on ``Generation``).
+    ``generate`` is the collected ``stream``. ``weights_version`` counts ``update_weights``
+    calls; every token records the version that sampled it (``weights_versions``): with a
+    ``"partial"`` update a generation may span two versions.
     """
 
     @property
@@ -31,6 +36,14 @@ class Engine(Protocol):
     @property
     def weights_version(self) -> int: ...
 
+    def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> AsyncIterator[GenerationChunk]:
+        """Sample a completion, yielding chunks as tokens are sampled; the last chunk has a
+        ``finish_reason``. Closing the iterator (or cancelling its consumer) frees the
+        sequence at the next token boundary. Errors as ``generate``, raised on iteration."""
+        ...
+
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Generation:
@@ -38,9 +51,15 @@ class Engine(Protocol):
         ...
 
     async def update_weights(
-        self, state_dict: Mapping[str, Any], *, version: int | None = None
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        mode: UpdateMode = "drain",
     ) -> int:
-        """Swap in new weights between generations; returns the new version."""
+        """Swap in new weights; returns the new version. ``"drain"``: between generations
+        (running ones finish first). ``"partial"``: in-flight generations pause at a token
+        boundary and continue under the new weights."""
         ...
 
     async def health(self) -> bool:
@@ -48,6 +67,47 @@ class Engine(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+async def collect(chunks: AsyncIterator[GenerationChunk]) -> Generation:
+    """The ``Generation`` a stream adds up to: what ``generate`` returns."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    routing: list[Any] | None = None
+    finish: FinishReason | None = None
+    prompt_tokens = 0
+    try:
+        async for chunk in chunks:
+            ids += chunk.token_ids
+            logprobs += chunk.logprobs
+            versions += chunk.weights_versions
+            if chunk.routed_experts is not None:
+                routing = [*(routing or []), *chunk.routed_experts]
+            prompt_tokens = chunk.prompt_tokens or prompt_tokens
+            if chunk.finish_reason is not None:
+                finish = chunk.finish_reason
+                break
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+    if finish is None:
+        raise EngineUnavailable("the engine's stream ended without a final chunk")
+    return Generation(
+        token_ids=ids,
+        logprobs=logprobs,
+        finish_reason=finish,
+        routed_experts=routing,
+        weights_version=versions[0] if versions else 0,
+        weights_versions=versions,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def check_update_mode(mode: str) -> None:
+    if mode not in UPDATE_MODES:
+        raise ValueError(f"update_weights mode = {mode!r} is not one of {', '.join(UPDATE_MODES)}")
 
 
 class ContextOverflow(ValueError):
