@@ -69,40 +69,55 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+class ChunkCollector:
+    """Adds chunks up into the ``Generation`` they make (what ``generate`` returns)."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.weights_versions: list[int] = []
+        self.routed_experts: list[Any] | None = None
+        self.finish_reason: FinishReason | None = None
+        self.prompt_tokens = 0
+
+    def add(self, chunk: GenerationChunk) -> None:
+        self.token_ids += chunk.token_ids
+        self.logprobs += chunk.logprobs
+        self.weights_versions += chunk.weights_versions
+        if chunk.routed_experts is not None:
+            self.routed_experts = [*(self.routed_experts or []), *chunk.routed_experts]
+        self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
+        if chunk.finish_reason is not None:
+            self.finish_reason = chunk.finish_reason
+
+    def generation(self) -> Generation:
+        if self.finish_reason is None:
+            raise EngineUnavailable("the engine's stream ended without a final chunk")
+        versions = self.weights_versions
+        return Generation(
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            finish_reason=self.finish_reason,
+            routed_experts=self.routed_experts,
+            weights_version=versions[0] if versions else 0,
+            weights_versions=versions,
+            prompt_tokens=self.prompt_tokens,
+        )
+
+
 async def collect(chunks: AsyncIterator[GenerationChunk]) -> Generation:
     """The ``Generation`` a stream adds up to: what ``generate`` returns."""
-    ids: list[int] = []
-    logprobs: list[float] = []
-    versions: list[int] = []
-    routing: list[Any] | None = None
-    finish: FinishReason | None = None
-    prompt_tokens = 0
+    collector = ChunkCollector()
     try:
         async for chunk in chunks:
-            ids += chunk.token_ids
-            logprobs += chunk.logprobs
-            versions += chunk.weights_versions
-            if chunk.routed_experts is not None:
-                routing = [*(routing or []), *chunk.routed_experts]
-            prompt_tokens = chunk.prompt_tokens or prompt_tokens
+            collector.add(chunk)
             if chunk.finish_reason is not None:
-                finish = chunk.finish_reason
                 break
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:
             await close()
-    if finish is None:
-        raise EngineUnavailable("the engine's stream ended without a final chunk")
-    return Generation(
-        token_ids=ids,
-        logprobs=logprobs,
-        finish_reason=finish,
-        routed_experts=routing,
-        weights_version=versions[0] if versions else 0,
-        weights_versions=versions,
-        prompt_tokens=prompt_tokens,
-    )
+    return collector.generation()
 
 
 def check_update_mode(mode: str) -> None:
