@@ -86,7 +86,7 @@ def parse_completion(data: Any, *, prompt_tokens: int, weights_version: int) -> 
     """A ``Generation`` from a completion response, or ``ProtocolError`` saying what's off."""
     choice = _choice(data)
     ids, values = _tokens(choice)
-    reason = _FINISH.get(choice.get("finish_reason"))
+    reason = _FINISH.get(str(choice.get("finish_reason")))
     if reason is None:
         raise ProtocolError(f"unknown finish_reason {choice.get('finish_reason')!r}")
     return Generation(
@@ -104,7 +104,7 @@ def parse_chunk(data: Any, *, prompt_tokens: int, weights_version: int) -> Gener
     choice = _choice(data)
     ids, values = _tokens(choice, allow_empty=True)
     raw = choice.get("finish_reason")
-    reason = _FINISH.get(raw) if raw is not None else None
+    reason = _FINISH.get(str(raw)) if raw is not None else None
     if raw is not None and reason is None:
         raise ProtocolError(f"unknown finish_reason {raw!r}")
     return GenerationChunk(
