@@ -81,6 +81,13 @@ class TimedEngine:
         self.times.setdefault(session_id, []).append(time.perf_counter() - t)
         return gen
 
+    async def stream(self, prompt_ids, sampling, *, session_id=None):
+        t = time.perf_counter()
+        async for chunk in self.engine.stream(prompt_ids, sampling, session_id=session_id):
+            if chunk.finish_reason is not None:  # the consumer stops at the final chunk
+                self.times.setdefault(session_id, []).append(time.perf_counter() - t)
+            yield chunk
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()

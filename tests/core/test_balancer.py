@@ -204,3 +204,50 @@ def test_calls_without_a_session_are_spread_not_pinned(replicas):
     metrics = lb.metrics()
     assert metrics["new_sessions"] == 0 and metrics["sticky_hits"] == 0
     assert all(r["requests"] == 2 for r in metrics["replicas"].values())
+
+
+def test_stream_is_sticky_and_fails_over_before_its_first_chunk(replicas):
+    lb = LoadBalancer(replicas, names=["a", "b"])
+    params = SamplingParams(max_tokens=4, seed=0)
+
+    async def run():
+        first = [c async for c in lb.stream(PROMPT, params, session_id="s")]
+        home = lb.replica_of("s")
+        again = [c async for c in lb.stream(PROMPT, params, session_id="s")]
+        assert lb.replica_of("s") == home
+        dead = replicas[0] if home == "a" else replicas[1]
+        await dead.close()  # its next stream fails before any chunk
+        moved = [c async for c in lb.stream(PROMPT, params, session_id="s")]
+        return home, first, again, moved
+
+    home, first, again, moved = asyncio.run(run())
+    ids = [tuple(t for c in chunks for t in c.token_ids) for chunks in (first, again, moved)]
+    assert ids[0] == ids[1] == ids[2]  # same seed, same weights, whichever replica
+    assert lb.replica_of("s") != home
+    m = lb.metrics()
+    assert m["failovers"] == 1 and m["moves"] == 1
+    assert all(r["in_flight"] == 0 for r in m["replicas"].values())
+
+
+def test_stream_failing_mid_way_ends_with_engine_unavailable(replicas):
+    lb = LoadBalancer(replicas[:1], names=["a"])
+
+    async def run():
+        got = []
+        with pytest.raises(EngineUnavailable, match="mid-stream"):
+            async for chunk in lb.stream(PROMPT, SamplingParams(max_tokens=2000), session_id="x"):
+                got.append(chunk)
+                if len(got) == 2:
+                    await replicas[0].close()
+        return got
+
+    got = asyncio.run(run())
+    assert len(got) >= 2
+    assert lb.metrics()["replicas"]["a"]["up"] is False
+
+
+def test_partial_update_mode_reaches_every_replica(replicas):
+    lb = LoadBalancer(replicas, names=["a", "b"])
+    state = {k: v.clone() for k, v in replicas[0].model.state_dict().items()}
+    version = asyncio.run(lb.update_weights(state, mode="partial"))
+    assert version == 1 and [r.weights_version for r in replicas] == [1, 1]

@@ -6,6 +6,10 @@ replica that raises (other than for a bad request) or reports itself unhealthy i
 down; the call is retried on another replica and the session moves there, with the move
 recorded. When no replica is left the call raises ``EngineUnavailable``; nothing waits
 forever on a dead replica (an optional per-call timeout covers replicas that hang).
+
+A stream fails over the same way until its first chunk arrives; after that the tokens
+already delivered cannot be taken back, so a replica failing mid-stream ends the stream
+with ``EngineUnavailable`` (the replica is marked down, the session moves on its next call).
 """
 
 from __future__ import annotations
@@ -13,12 +17,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from attrs import define, field, frozen
 
-from slr.contracts import ContextOverflow, Engine, EngineUnavailable, Generation, SamplingParams
+from slr.contracts import (
+    ContextOverflow,
+    Engine,
+    EngineUnavailable,
+    Generation,
+    GenerationChunk,
+    SamplingParams,
+    UpdateMode,
+)
 
 #: Errors that are the caller's fault: the same request would fail on any replica.
 CLIENT_ERRORS: tuple[type[BaseException], ...] = (ContextOverflow, ValueError, TypeError)
@@ -50,8 +62,9 @@ class _Replica:
 class LoadBalancer:
     """Implements ``slr.contracts.Engine`` over replicas of any engine.
 
-    ``call_timeout_s`` bounds one ``generate`` call on one replica (``None``: no bound;
-    a replica that dies fails its calls, so a bound is only needed for ones that hang).
+    ``call_timeout_s`` bounds one ``generate`` call on one replica, and the wait for each
+    chunk of a ``stream`` (``None``: no bound; a replica that dies fails its calls, so a
+    bound is only needed for ones that hang).
     """
 
     def __init__(
@@ -120,15 +133,70 @@ class LoadBalancer:
             finally:
                 replica.in_flight -= 1
 
+    async def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> AsyncIterator[GenerationChunk]:
+        """The session's replica's stream; fails over to another replica before the first
+        chunk, ends with ``EngineUnavailable`` if the replica fails after it."""
+        tried: set[str] = set()
+        while True:
+            replica = self._route(session_id, exclude=tried)
+            tried.add(replica.name)
+            replica.in_flight += 1
+            replica.requests += 1
+            chunks = replica.engine.stream(prompt_ids, sampling, session_id=session_id)
+            started = False
+            try:
+                while True:
+                    try:
+                        chunk = await self._next_chunk(chunks)
+                    except StopAsyncIteration:
+                        return
+                    started = True
+                    yield chunk
+                    if chunk.finish_reason is not None:
+                        return
+            except CLIENT_ERRORS:
+                raise
+            except Exception as exc:
+                reason = (
+                    f"no chunk within {self._call_timeout_s}s"
+                    if isinstance(exc, TimeoutError)
+                    else f"{type(exc).__name__}: {exc}"
+                )
+                self._mark_down(replica, reason)
+                if started:
+                    raise EngineUnavailable(
+                        f"replica {replica.name} failed mid-stream ({reason}); the tokens "
+                        f"already streamed stand, the session moves on its next call"
+                    ) from exc
+                self._counts["failovers"] += 1
+            finally:
+                replica.in_flight -= 1
+                close = getattr(chunks, "aclose", None)
+                if close is not None:
+                    await close()
+
+    async def _next_chunk(self, chunks: AsyncIterator[GenerationChunk]) -> GenerationChunk:
+        if self._call_timeout_s is None:
+            return await anext(chunks)
+        return await asyncio.wait_for(anext(chunks), self._call_timeout_s)
+
     async def update_weights(
-        self, state_dict: Mapping[str, Any], *, version: int | None = None
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        mode: UpdateMode = "drain",
     ) -> int:
         """Update every replica that is up, concurrently; a replica that fails goes down."""
         up = [r for r in self._replicas if r.up]
         if not up:
             raise EngineUnavailable(self._none_left_message())
+        # "drain" is every engine's default: engines written before the modes keep working
+        extra: dict[str, Any] = {} if mode == "drain" else {"mode": mode}
         results = await asyncio.gather(
-            *(r.engine.update_weights(state_dict, version=version) for r in up),
+            *(r.engine.update_weights(state_dict, version=version, **extra) for r in up),
             return_exceptions=True,
         )
         versions = []

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from slr.contracts import Generation
+from slr.contracts.engine import ChunkCollector
 from slr.proxy.messages import Message, Tool, ToolCall
 from slr.proxy.render import Renderer
 from slr.proxy.toolparse import HermesParser
@@ -45,11 +47,22 @@ class RecordingEngine:
         self.calls.append((session_id, tuple(prompt_ids), gen))
         return gen
 
+    async def stream(self, prompt_ids: Sequence[int], sampling, *, session_id=None):
+        collector = ChunkCollector()
+        async with contextlib.aclosing(
+            self.engine.stream(prompt_ids, sampling, session_id=session_id)
+        ) as chunks:
+            async for chunk in chunks:
+                collector.add(chunk)
+                if chunk.finish_reason is not None:  # the consumer stops at the final chunk
+                    self.calls.append((session_id, tuple(prompt_ids), collector.generation()))
+                yield chunk
+
     def of(self, session) -> list[tuple[tuple[int, ...], Generation]]:
         return [(p, g) for s, p, g in self.calls if s == session.token]
 
-    async def update_weights(self, state_dict, *, version=None):
-        return await self.engine.update_weights(state_dict, version=version)
+    async def update_weights(self, state_dict, *, version=None, mode="drain"):
+        return await self.engine.update_weights(state_dict, version=version, mode=mode)
 
     async def health(self):
         return await self.engine.health()

@@ -182,3 +182,23 @@ def test_routing_per_call_and_weights_version_per_token(renderer, smol_tokenizer
     assert seg.routed_experts == [g1.routed_experts, None]
     n1 = len(p1.prompt_ids) + 2
     assert seg.weights_versions == (3,) * n1 + (4,) * (len(seg.token_ids) - n1)
+
+
+def test_a_generation_spanning_two_versions_keeps_each_tokens_version(renderer, smol_tokenizer):
+    """After a partial weight update a generation's tokens carry two versions; the segment
+    records each policy token's own version (prompt tokens: the version that ran them)."""
+    tok = smol_tokenizer
+    acc = Accumulator(renderer)
+    prep = acc.prepare([Message(role="user", content="Task")], [])
+    ids = [*tok.encode("Hello there", add_special_tokens=False), tok.eos_token_id]
+    gen = Generation(
+        token_ids=ids,
+        logprobs=[-0.1] * len(ids),
+        finish_reason="stop",
+        weights_version=5,
+        weights_versions=[5] + [6] * (len(ids) - 1),
+    )
+    seg = acc.commit(prep, gen, Message(role="assistant", content="Hello there")).freeze()
+    n = len(prep.prompt_ids)
+    assert seg.weights_versions == (5,) * n + (5,) + (6,) * (len(ids) - 1)
+    assert len(seg.weights_versions) == len(seg.token_ids) == len(seg.logprobs)

@@ -23,6 +23,10 @@ class SamplingSpy:
         self.seen.append(sampling)
         return await self.engine.generate(prompt_ids, sampling, session_id=session_id)
 
+    def stream(self, prompt_ids, sampling, *, session_id=None):
+        self.seen.append(sampling)
+        return self.engine.stream(prompt_ids, sampling, session_id=session_id)
+
 
 @pytest.mark.parametrize(("policy", "expected"), [("ignore", (0.7, 0.9)), ("honor", (0.2, 0.5))])
 def test_client_sampling_policy(tiny_engine, policy, expected):

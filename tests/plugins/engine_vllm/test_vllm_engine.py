@@ -395,3 +395,39 @@ class TestVllmEngineConformanceAgainstStandIn(EngineTests):
     @pytest.fixture
     def engine(self, attached):
         return attached[0]
+
+
+def test_stream_reads_the_servers_streaming_completions(attached):
+    engine, state = attached
+
+    async def run():
+        return [c async for c in engine.stream([5, 6, 7], SamplingParams(max_tokens=3))]
+
+    chunks = asyncio.run(run())
+    body = state.requests[-1]["body"]
+    assert body["stream"] is True and body["prompt"] == [5, 6, 7]
+    assert [c.token_ids for c in chunks] == [(8,), (9,), (10,)]
+    assert [c.finish_reason for c in chunks] == [None, None, "length"]
+    assert [c.logprobs for c in chunks] == [(-0.25,), (-0.5,), (-0.75,)]
+
+
+def test_stream_errors_are_the_generate_errors(attached):
+    engine, state = attached
+
+    async def consume(prompt):
+        return [c async for c in engine.stream(prompt, SamplingParams(max_tokens=2))]
+
+    state.fail_with = 503
+    with pytest.raises(EngineUnavailable):
+        asyncio.run(consume([1, 2]))
+    state.fail_with = None
+    state.max_model_len = 8
+    engine._max_context = 0  # let the server judge the length, as an attached one would
+    with pytest.raises(ContextOverflow):
+        asyncio.run(consume(list(range(8))))
+
+
+def test_partial_weight_update_is_refused_by_name(attached):
+    engine, _ = attached
+    with pytest.raises(NotImplementedError, match="partial weight updates"):
+        asyncio.run(engine.update_weights({}, mode="partial"))

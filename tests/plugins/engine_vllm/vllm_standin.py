@@ -129,6 +129,35 @@ def make_handler(state: StandInState):
             self.end_headers()
             self.wfile.write(data)
 
+        def _stream(self, payload: dict) -> None:
+            """The completion as vLLM streams it: one SSE chunk per token, then [DONE]."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            choice = payload["choices"][0]
+            ids = choice.get("token_ids")
+            lp = choice["logprobs"]
+            n = len(lp["tokens"]) if lp else 0
+            for i in range(n):
+                part = {
+                    "index": 0,
+                    "text": f"<{i}>",
+                    "logprobs": {
+                        "tokens": lp["tokens"][i : i + 1],
+                        "token_logprobs": lp["token_logprobs"][i : i + 1],
+                    },
+                    "finish_reason": choice["finish_reason"] if i == n - 1 else None,
+                }
+                if ids is not None:
+                    part["token_ids"] = ids[i : i + 1]
+                if "routed_experts" in choice:
+                    part["routed_experts"] = choice["routed_experts"][i : i + 1]
+                chunk = {**payload, "object": "text_completion", "choices": [part]}
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+
         def _record(self, body=None) -> dict:
             url = urlparse(self.path)
             entry = {
@@ -172,7 +201,11 @@ def make_handler(state: StandInState):
             entry = self._record(body)
             path = entry["path"]
             if path == "/v1/completions":
-                self._send(*completion(state, body))
+                status, payload = completion(state, body)
+                if status == 200 and body.get("stream"):
+                    self._stream(payload)
+                else:
+                    self._send(status, payload)
             elif path == "/pause":
                 self._send(200, {"status": "paused"})
             elif path == "/resume":

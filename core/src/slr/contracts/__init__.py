@@ -1,12 +1,20 @@
 """Contracts: the protocols each plugin implements and the records they pass."""
 
 from slr.contracts.agent import AgentAdapter, AgentOutcome, Bundle, Endpoint
-from slr.contracts.engine import ContextOverflow, Engine, EngineUnavailable
+from slr.contracts.engine import (
+    UPDATE_MODES,
+    ContextOverflow,
+    Engine,
+    EngineUnavailable,
+    UpdateMode,
+    collect,
+)
 from slr.contracts.network import NETWORK_MODES, NetworkMode, network_mode
 from slr.contracts.optimizer import Optimizer
 from slr.contracts.records import (
     ExecResult,
     Generation,
+    GenerationChunk,
     Reward,
     SamplingParams,
     Segment,
@@ -25,6 +33,7 @@ from slr.contracts.verifier import Verifier, VerifierError, VerifierTimeout
 
 __all__ = [
     "NETWORK_MODES",
+    "UPDATE_MODES",
     "AgentAdapter",
     "AgentOutcome",
     "BrokenEnvironment",
@@ -35,6 +44,7 @@ __all__ = [
     "EngineUnavailable",
     "ExecResult",
     "Generation",
+    "GenerationChunk",
     "NetworkMode",
     "Optimizer",
     "Reward",
@@ -46,9 +56,11 @@ __all__ = [
     "TerminationReason",
     "Trajectory",
     "TrialResult",
+    "UpdateMode",
     "Verifier",
     "VerifierError",
     "VerifierTimeout",
+    "collect",
     "from_dict",
     "network_mode",
     "to_dict",

@@ -1,21 +1,26 @@
-"""The engine contract: token ids in, token ids + log-probs out."""
+"""The engine contract: token ids in, token ids + log-probs out, streamed or collected."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from slr.contracts.records import Generation, SamplingParams
+from slr.contracts.records import FinishReason, Generation, GenerationChunk, SamplingParams
+
+#: How ``update_weights`` treats generations in flight (docs/engines.md, "Weight updates").
+UpdateMode = Literal["drain", "partial"]
+UPDATE_MODES: tuple[str, ...] = ("drain", "partial")
 
 
 @runtime_checkable
 class Engine(Protocol):
     """An inference engine serving the policy.
 
-    ``generate`` never re-tokenizes: it takes the exact prompt ids and returns the exact
-    sampled ids with their behaviour log-probs (definition on ``Generation``).
-    ``weights_version`` counts ``update_weights`` calls; every Generation records the version
-    that produced it, and a generation never spans two versions.
+    ``stream`` and ``generate`` never re-tokenize: they take the exact prompt ids and give
+    the exact sampled ids with their behaviour log-probs (definition on ``Generation``).
+    ``generate`` is the collected ``stream``. ``weights_version`` counts ``update_weights``
+    calls; every token records the version that sampled it (``weights_versions``): with a
+    ``"partial"`` update a generation may span two versions.
     """
 
     @property
@@ -31,6 +36,14 @@ class Engine(Protocol):
     @property
     def weights_version(self) -> int: ...
 
+    def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> AsyncIterator[GenerationChunk]:
+        """Sample a completion, yielding chunks as tokens are sampled; the last chunk has a
+        ``finish_reason``. Closing the iterator (or cancelling its consumer) frees the
+        sequence at the next token boundary. Errors as ``generate``, raised on iteration."""
+        ...
+
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Generation:
@@ -38,9 +51,15 @@ class Engine(Protocol):
         ...
 
     async def update_weights(
-        self, state_dict: Mapping[str, Any], *, version: int | None = None
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        mode: UpdateMode = "drain",
     ) -> int:
-        """Swap in new weights between generations; returns the new version."""
+        """Swap in new weights; returns the new version. ``"drain"``: between generations
+        (running ones finish first). ``"partial"``: in-flight generations pause at a token
+        boundary and continue under the new weights."""
         ...
 
     async def health(self) -> bool:
@@ -48,6 +67,62 @@ class Engine(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class ChunkCollector:
+    """Adds chunks up into the ``Generation`` they make (what ``generate`` returns)."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.weights_versions: list[int] = []
+        self.routed_experts: list[Any] | None = None
+        self.finish_reason: FinishReason | None = None
+        self.prompt_tokens = 0
+
+    def add(self, chunk: GenerationChunk) -> None:
+        self.token_ids += chunk.token_ids
+        self.logprobs += chunk.logprobs
+        self.weights_versions += chunk.weights_versions
+        if chunk.routed_experts is not None:
+            self.routed_experts = [*(self.routed_experts or []), *chunk.routed_experts]
+        self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
+        if chunk.finish_reason is not None:
+            self.finish_reason = chunk.finish_reason
+
+    def generation(self) -> Generation:
+        if self.finish_reason is None:
+            raise EngineUnavailable("the engine's stream ended without a final chunk")
+        versions = self.weights_versions
+        return Generation(
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            finish_reason=self.finish_reason,
+            routed_experts=self.routed_experts,
+            weights_version=versions[0] if versions else 0,
+            weights_versions=versions,
+            prompt_tokens=self.prompt_tokens,
+        )
+
+
+async def collect(chunks: AsyncIterator[GenerationChunk]) -> Generation:
+    """The ``Generation`` a stream adds up to: what ``generate`` returns."""
+    collector = ChunkCollector()
+    try:
+        async for chunk in chunks:
+            collector.add(chunk)
+            if chunk.finish_reason is not None:
+                break
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+    return collector.generation()
+
+
+def check_update_mode(mode: str) -> None:
+    if mode not in UPDATE_MODES:
+        raise ValueError(f"update_weights mode = {mode!r} is not one of {', '.join(UPDATE_MODES)}")
 
 
 class ContextOverflow(ValueError):

@@ -65,6 +65,10 @@ class SamplingParams:
     seed: int | None = None
 
 
+def _versions_default(self: Any) -> tuple[int, ...]:
+    return (self.weights_version,) * len(self.token_ids)
+
+
 @frozen(kw_only=True)
 class Generation:
     """What an engine generated for one call.
@@ -72,6 +76,9 @@ class Generation:
     ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution it was
     sampled from *after* temperature scaling and before top-k / top-p truncation (see the
     engine docs); the trainer scores tokens under the same definition.
+    ``weights_versions[i]`` is the version of the weights that sampled ``token_ids[i]``: a
+    generation interrupted by a partial weight update spans two versions. It defaults to
+    ``weights_version`` (the version that ran the prompt) for every token.
     """
 
     token_ids: tuple[int, ...] = field(converter=tuple)
@@ -80,6 +87,37 @@ class Generation:
     routed_experts: Any | None = None
     weights_version: int = 0
     prompt_tokens: int = 0
+    weights_versions: tuple[int, ...] = field(
+        default=attrs.Factory(_versions_default, takes_self=True),
+        converter=tuple,
+        validator=_same_length_as("token_ids"),
+    )
+
+
+@frozen(kw_only=True)
+class GenerationChunk:
+    """A piece of a streamed generation: the tokens sampled since the previous chunk.
+
+    ``token_ids``, ``logprobs`` and ``weights_versions`` align one per token (any may be
+    empty). ``routed_experts`` holds the routing entries of the tokens the model ran for
+    this chunk (the first chunk carries the prompt's), or ``None`` when not captured.
+    ``finish_reason`` is ``None`` on every chunk but the last one of a stream.
+    """
+
+    token_ids: tuple[int, ...] = field(default=(), converter=tuple)
+    logprobs: tuple[float, ...] = field(
+        default=(), converter=tuple, validator=_same_length_as("token_ids")
+    )
+    weights_versions: tuple[int, ...] = field(
+        default=(), converter=tuple, validator=_same_length_as("token_ids")
+    )
+    routed_experts: list[Any] | None = None
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
 
 
 @frozen(kw_only=True)

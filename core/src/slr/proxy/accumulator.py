@@ -152,7 +152,8 @@ class Accumulator:
         seg.ids += [*prepared.new_ids, *gen.token_ids]
         seg.mask += [0] * n_new + [1] * n_gen
         seg.logprobs += [0.0] * n_new + [float(x) for x in gen.logprobs]
-        seg.versions += [gen.weights_version] * (n_new + n_gen)
+        # prompt tokens: the version that ran them; policy tokens: the one that sampled each
+        seg.versions += [gen.weights_version] * n_new + list(gen.weights_versions)
         seg.routing.append(gen.routed_experts)
         seg.messages = [*prepared.messages, reply]
         seg.boundaries.append((len(seg.messages), len(seg.ids)))

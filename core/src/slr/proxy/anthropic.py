@@ -18,7 +18,7 @@ import msgspec
 from slr.proxy import sse
 from slr.proxy.errors import ApiError
 from slr.proxy.messages import Message, Tool, ToolCall
-from slr.proxy.session import ChatRequest, ChatResult
+from slr.proxy.session import ChatRequest, ChatResult, Started, StreamEvent, TextDelta
 
 
 class RequestMessage(msgspec.Struct, kw_only=True):
@@ -264,3 +264,92 @@ async def stream(body: MessagesRequest, r: ChatResult) -> AsyncIterator[bytes]:
         "message_delta",
     )
     yield sse.event({"type": "message_stop"}, "message_stop")
+
+
+def streams_live(body: MessagesRequest) -> bool:
+    return True
+
+
+async def stream_live(
+    body: MessagesRequest, events: AsyncIterator[StreamEvent]
+) -> AsyncIterator[bytes]:
+    """Text deltas as the engine samples; tool_use blocks once parsed at the end."""
+    text_open = False
+    sent = ""
+
+    def open_text() -> bytes:
+        opening = {"type": "text", "text": ""}
+        return sse.event(
+            {"type": "content_block_start", "index": 0, "content_block": opening},
+            "content_block_start",
+        )
+
+    def text_delta(text: str) -> bytes:
+        delta = {"type": "text_delta", "text": text}
+        return sse.event(
+            {"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"
+        )
+
+    async for event in events:
+        if isinstance(event, Started):
+            start = {
+                "id": "msg_" + uuid.uuid4().hex,
+                "type": "message",
+                "role": "assistant",
+                "model": body.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": event.prompt_tokens - event.reused_tokens,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": event.reused_tokens,
+                    "output_tokens": 0,
+                },
+            }
+            yield sse.event({"type": "message_start", "message": start}, "message_start")
+        elif isinstance(event, TextDelta):
+            if not text_open:
+                text_open = True
+                yield open_text()
+            sent += event.text
+            yield text_delta(event.text)
+        elif isinstance(event, ChatResult):
+            r = event
+            rest = r.content[len(sent) :]
+            if not text_open and (rest or not r.tool_calls):
+                text_open = True
+                yield open_text()
+            if rest:
+                yield text_delta(rest)
+            index = 0
+            if text_open:
+                yield sse.event({"type": "content_block_stop", "index": 0}, "content_block_stop")
+                index = 1
+            for call in r.tool_calls:
+                block = {"type": "tool_use", "id": _tool_id(call), "name": call.name, "input": {}}
+                yield sse.event(
+                    {"type": "content_block_start", "index": index, "content_block": block},
+                    "content_block_start",
+                )
+                delta = {
+                    "type": "input_json_delta",
+                    "partial_json": sse.json_bytes(call.arguments).decode(),
+                }
+                yield sse.event(
+                    {"type": "content_block_delta", "index": index, "delta": delta},
+                    "content_block_delta",
+                )
+                yield sse.event(
+                    {"type": "content_block_stop", "index": index}, "content_block_stop"
+                )
+                index += 1
+            yield sse.event(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": _stop_reason(r), "stop_sequence": r.stop_sequence},
+                    "usage": {"output_tokens": r.completion_tokens},
+                },
+                "message_delta",
+            )
+            yield sse.event({"type": "message_stop"}, "message_stop")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -128,7 +128,14 @@ def build_app(
         state = sessions.lookup(_token(request))
         body = await _decode(request, request_cls, limit)
         check_model(body.model)
-        result = await completer.complete(state, api.to_chat_request(body))
+        chat = api.to_chat_request(body)
+        if body.stream and api.streams_live(body):
+            events = completer.stream(state, chat)
+            # Errors before the first token (a bad request, an engine that is down) are
+            # plain error responses; the stream starts once the engine has a token.
+            first = await anext(events)
+            return _sse(_guarded(api.stream_live(body, _prepend(first, events)), request))
+        result = await completer.complete(state, chat)
         if body.stream:
             return _sse(api.stream(body, result))
         return _json(api.response(body, result))
@@ -166,6 +173,29 @@ def build_app(
         logging_config=None,
         openapi_config=None,
     )
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+
+
+async def _guarded(chunks: AsyncIterator[bytes], request: Request) -> AsyncIterator[bytes]:
+    """A live stream whose later failure becomes an error event in the client's API (the
+    HTTP status is already sent). A client that goes away closes it, which cancels the
+    engine's generation through every layer below."""
+    try:
+        async for data in chunks:
+            yield data
+    except ApiError as exc:
+        api = _api_of(request)
+        yield sse.event(exc.body(api), "error" if api == "anthropic" else None)
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 def _sse(chunks) -> Stream:

@@ -19,7 +19,7 @@ import msgspec
 from slr.proxy import sse
 from slr.proxy.errors import ApiError
 from slr.proxy.messages import Message, Role, Tool, ToolCall
-from slr.proxy.session import ChatRequest, ChatResult
+from slr.proxy.session import ChatRequest, ChatResult, StreamEvent, TextDelta
 
 
 class Function(msgspec.Struct, kw_only=True):
@@ -261,27 +261,78 @@ def response(body: ChatCompletionRequest, r: ChatResult) -> dict[str, Any]:
     }
 
 
-async def stream(body: ChatCompletionRequest, r: ChatResult) -> AsyncIterator[bytes]:
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    base = {
-        "id": "chatcmpl-" + uuid.uuid4().hex,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": body.model,
-        "system_fingerprint": None,
-    }
+class _Chunks:
+    """Chat-completion chunks of one streamed answer (shared id, model, usage setting)."""
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs=None) -> bytes:
+    def __init__(self, body: ChatCompletionRequest) -> None:
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.base = {
+            "id": "chatcmpl-" + uuid.uuid4().hex,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.model,
+            "system_fingerprint": None,
+        }
+
+    def __call__(self, delta: dict[str, Any], finish: str | None = None, logprobs=None) -> bytes:
         data = {
-            **base,
+            **self.base,
             "choices": [
                 {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             ],
         }
-        if include_usage:
+        if self.include_usage:
             data["usage"] = None
         return sse.event(data)
 
+    def ending(self, r: ChatResult) -> list[bytes]:
+        """The tool calls (parsed once generation ended), the finish, usage, [DONE]."""
+        out = []
+        for i, call in enumerate(r.tool_calls):
+            opening = {
+                "index": i,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
+            out.append(self({"tool_calls": [opening]}))
+            args = {"index": i, "function": {"arguments": call.arguments_json}}
+            out.append(self({"tool_calls": [args]}))
+        out.append(self({}, finish=_FINISH[r.finish]))
+        if self.include_usage:
+            out.append(sse.event({**self.base, "choices": [], "usage": _usage(r)}))
+        out.append(sse.OPENAI_DONE)
+        return out
+
+
+def streams_live(body: ChatCompletionRequest) -> bool:
+    """Live token streaming, except with ``logprobs``: those chunks are per token, sent
+    once the generation has ended (see docs/proxy.md)."""
+    return not body.logprobs
+
+
+async def stream_live(
+    body: ChatCompletionRequest, events: AsyncIterator[StreamEvent]
+) -> AsyncIterator[bytes]:
+    """Content deltas as the engine samples; tool calls and the finish at the end."""
+    chunk = _Chunks(body)
+    yield chunk({"role": "assistant", "content": ""})
+    sent = ""
+    async for event in events:
+        if isinstance(event, TextDelta):
+            sent += event.text
+            yield chunk({"content": event.text})
+        elif isinstance(event, ChatResult):
+            rest = event.content[len(sent) :]
+            if rest:
+                yield chunk({"content": rest})
+            for data in chunk.ending(event):
+                yield data
+
+
+async def stream(body: ChatCompletionRequest, r: ChatResult) -> AsyncIterator[bytes]:
+    """A whole answer replayed as a stream (used with ``logprobs``)."""
+    chunk = _Chunks(body)
     yield chunk({"role": "assistant", "content": ""})
     if r.content:
         if body.logprobs and not r.tool_calls and "".join(t for t, _ in r.tokens) == r.content:
@@ -291,21 +342,5 @@ async def stream(body: ChatCompletionRequest, r: ChatResult) -> AsyncIterator[by
         else:
             for piece in sse.pieces(r.content, () if r.tool_calls else r.tokens):
                 yield chunk({"content": piece})
-    for i, call in enumerate(r.tool_calls):
-        yield chunk(
-            {
-                "tool_calls": [
-                    {
-                        "index": i,
-                        "id": call.id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": ""},
-                    }
-                ]
-            }
-        )
-        yield chunk({"tool_calls": [{"index": i, "function": {"arguments": call.arguments_json}}]})
-    yield chunk({}, finish=_FINISH[r.finish])
-    if include_usage:
-        yield sse.event({**base, "choices": [], "usage": _usage(r)})
-    yield sse.OPENAI_DONE
+    for data in chunk.ending(r):
+        yield data

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 import structlog
-from attrs import define, field, frozen
+from attrs import define, evolve, field, frozen
 
 from slr.contracts import (
     ContextOverflow,
     Engine,
     EngineUnavailable,
+    Generation,
     SamplingParams,
     TerminationReason,
     Trajectory,
 )
-from slr.proxy.accumulator import Accumulator
+from slr.contracts.engine import ChunkCollector
+from slr.proxy.accumulator import Accumulator, Prepared
 from slr.proxy.errors import ApiError
 from slr.proxy.messages import Message, Tool, ToolCall
 from slr.proxy.render import Renderer
@@ -56,6 +58,24 @@ class ChatResult:
     reused_tokens: int
     completion_tokens: int
     tokens: tuple[tuple[str, float], ...]  # generated tokens shown to the agent: (text, log-prob)
+
+
+@frozen(kw_only=True)
+class Started:
+    """A live stream's first event: the engine has sampled its first token."""
+
+    prompt_tokens: int
+    reused_tokens: int
+
+
+@frozen(kw_only=True)
+class TextDelta:
+    """Text the agent may be shown now: final content, never taken back."""
+
+    text: str
+
+
+StreamEvent = Started | TextDelta | ChatResult
 
 
 @define
@@ -126,64 +146,133 @@ class Completer:
 
     async def complete(self, state: SessionState, req: ChatRequest) -> ChatResult:
         async with state.lock:
-            if state.closed:
-                raise ApiError("authentication", f"session {state.token!r} is closed")
             started = time.perf_counter()
-            prepared = state.accumulator.prepare(req.messages, req.tools)
-            n_prompt = len(prepared.prompt_ids)
-            room = self.engine.max_context - n_prompt
-            if room < 1:
-                raise self._overflow(state, n_prompt)
-            d = self.defaults
-            # In training the agent's sampling choices are ignored: the trainer scores tokens
-            # at [rollout] temperature, so the engine must sample at exactly that one.
-            honor = self.honor_client_sampling
-            sampling = SamplingParams(
-                temperature=req.temperature
-                if honor and req.temperature is not None
-                else d.temperature,
-                top_p=req.top_p if honor and req.top_p is not None else d.top_p,
-                top_k=req.top_k if honor and req.top_k is not None else d.top_k,
-                max_tokens=max(1, min(req.max_tokens or d.max_tokens, d.max_tokens, room)),
-                stop=req.stop,
-                stop_token_ids=tuple(sorted(self.renderer.stop_token_ids)),
-                seed=d.seed if req.seed is None else req.seed,
-            )
+            prepared, sampling = self._prepare(state, req)
             try:
                 gen = await self.engine.generate(
                     prepared.prompt_ids, sampling, session_id=state.token
                 )
             except ContextOverflow:
+                raise self._overflow(state, len(prepared.prompt_ids)) from None
+            except EngineUnavailable as exc:
+                raise _unavailable(exc) from exc
+            result = self._result(req, gen, len(prepared.prompt_ids), prepared)
+            return self._record(state, req, prepared, gen, result, started)
+
+    async def stream(self, state: SessionState, req: ChatRequest) -> AsyncIterator[StreamEvent]:
+        """One call, live: ``Started`` once the first token exists, then ``TextDelta``s as
+        the engine samples, then the ``ChatResult`` (tool calls are parsed at the end).
+
+        Text that could still turn out to be a stop string or the start of a tool call is
+        held back until it cannot. A consumer that stops early cancels the generation, and
+        nothing of that call is recorded (the agent never received a whole reply).
+        """
+        async with state.lock:
+            started = time.perf_counter()
+            prepared, sampling = self._prepare(state, req)
+            n_prompt = len(prepared.prompt_ids)
+            marker = (
+                getattr(self.parser, "start_marker", None)
+                if req.parse_tools and req.tools
+                else None
+            )
+            visible = _Visible(self.renderer, req.stop, marker)
+            collector = ChunkCollector()
+            chunks = self.engine.stream(prepared.prompt_ids, sampling, session_id=state.token)
+            shown = ""
+            complete = False
+            try:
+                async for chunk in chunks:
+                    if not collector.token_ids and chunk.token_ids:
+                        yield Started(
+                            prompt_tokens=n_prompt, reused_tokens=n_prompt - len(prepared.new_ids)
+                        )
+                    collector.add(chunk)
+                    if chunk.finish_reason is not None:
+                        complete = True
+                        break
+                    text = visible.text(collector.token_ids)
+                    if len(text) > len(shown) and text.startswith(shown):
+                        yield TextDelta(text=text[len(shown) :])
+                        shown = text
+            except ContextOverflow:
                 raise self._overflow(state, n_prompt) from None
             except EngineUnavailable as exc:
-                raise ApiError(
-                    "engine_unavailable", f"the policy engine is unavailable: {exc}"
-                ) from exc
+                raise _unavailable(exc) from exc
+            finally:
+                await chunks.aclose()  # type: ignore[attr-defined]
+                if not complete:
+                    log.info(
+                        "proxy.stream_cancelled",
+                        trial_id=state.trial_id,
+                        generated_tokens=len(collector.token_ids),
+                    )
+            gen = collector.generation()
             result = self._result(req, gen, n_prompt, prepared)
-            reply = Message(role="assistant", content=result.content, tool_calls=result.tool_calls)
-            if state.closed:  # closed while generating: answer, but the trajectory is final
-                return result
-            seg = state.accumulator.commit(prepared, gen, reply)
-            state.turns.append(
-                {
-                    "call": state.accumulator.calls,
-                    "api": req.api,
-                    "segment": seg.index,
-                    "mode": prepared.mode,
-                    "prompt_tokens": n_prompt,
-                    "new_prompt_tokens": len(prepared.new_ids),
-                    "new_prompt_text": self.renderer.decode(prepared.new_ids),
-                    "completion_tokens": len(gen.token_ids),
-                    "completion_text": self.renderer.decode(gen.token_ids),
-                    "finish_reason": result.finish,
-                    "tool_calls": [
-                        {"name": c.name, "arguments": c.arguments} for c in result.tool_calls
-                    ],
-                    "weights_version": gen.weights_version,
-                    "seconds": round(time.perf_counter() - started, 4),
-                }
-            )
+            # The reply the agent holds is what it was streamed plus the rest of the final
+            # content; record exactly that, so its next request extends this segment.
+            rest = result.content[len(shown) :] if result.content.startswith(shown) else ""
+            result = evolve(result, content=shown + rest)
+            yield self._record(state, req, prepared, gen, result, started)
+
+    def _prepare(self, state: SessionState, req: ChatRequest) -> tuple[Prepared, SamplingParams]:
+        if state.closed:
+            raise ApiError("authentication", f"session {state.token!r} is closed")
+        prepared = state.accumulator.prepare(req.messages, req.tools)
+        n_prompt = len(prepared.prompt_ids)
+        room = self.engine.max_context - n_prompt
+        if room < 1:
+            raise self._overflow(state, n_prompt)
+        d = self.defaults
+        # In training the agent's sampling choices are ignored: the trainer scores tokens
+        # at [rollout] temperature, so the engine must sample at exactly that one.
+        honor = self.honor_client_sampling
+        sampling = SamplingParams(
+            temperature=req.temperature if honor and req.temperature is not None else d.temperature,
+            top_p=req.top_p if honor and req.top_p is not None else d.top_p,
+            top_k=req.top_k if honor and req.top_k is not None else d.top_k,
+            max_tokens=max(1, min(req.max_tokens or d.max_tokens, d.max_tokens, room)),
+            stop=req.stop,
+            stop_token_ids=tuple(sorted(self.renderer.stop_token_ids)),
+            seed=d.seed if req.seed is None else req.seed,
+        )
+        return prepared, sampling
+
+    def _record(
+        self,
+        state: SessionState,
+        req: ChatRequest,
+        prepared: Prepared,
+        gen: Generation,
+        result: ChatResult,
+        started: float,
+    ) -> ChatResult:
+        reply = Message(role="assistant", content=result.content, tool_calls=result.tool_calls)
+        if state.closed:  # closed while generating: answer, but the trajectory is final
             return result
+        seg = state.accumulator.commit(prepared, gen, reply)
+        versions = sorted(set(gen.weights_versions))
+        state.turns.append(
+            {
+                "call": state.accumulator.calls,
+                "api": req.api,
+                "segment": seg.index,
+                "mode": prepared.mode,
+                "prompt_tokens": len(prepared.prompt_ids),
+                "new_prompt_tokens": len(prepared.new_ids),
+                "new_prompt_text": self.renderer.decode(prepared.new_ids),
+                "completion_tokens": len(gen.token_ids),
+                "completion_text": self.renderer.decode(gen.token_ids),
+                "finish_reason": result.finish,
+                "tool_calls": [
+                    {"name": c.name, "arguments": c.arguments} for c in result.tool_calls
+                ],
+                "weights_version": gen.weights_version,
+                **({"weights_versions": versions} if len(versions) > 1 else {}),
+                "seconds": round(time.perf_counter() - started, 4),
+            }
+        )
+        return result
 
     def _overflow(self, state: SessionState, n_prompt: int) -> ApiError:
         state.termination = TerminationReason.CONTEXT_OVERFLOW
@@ -235,3 +324,26 @@ class Completer:
             completion_tokens=len(ids),
             tokens=tokens,
         )
+
+
+def _unavailable(exc: EngineUnavailable) -> ApiError:
+    return ApiError("engine_unavailable", f"the policy engine is unavailable: {exc}")
+
+
+class _Visible:
+    """The part of a live generation's text that is final: not inside or possibly the
+    start of a stop string or a tool call, and not a partly decoded character."""
+
+    def __init__(self, renderer: Renderer, stops: Sequence[str], marker: str | None) -> None:
+        self.renderer = renderer
+        self.cuts = [s for s in (*stops, marker or "") if s]
+        self.hold = max((len(s) for s in self.cuts), default=1) - 1
+
+    def text(self, ids: Sequence[int]) -> str:
+        text = self.renderer.decode(ids, skip_special=True)
+        end = len(text.rstrip("\ufffd")) - self.hold
+        for cut in self.cuts:
+            at = text.find(cut)
+            if at >= 0:
+                end = min(end, at)
+        return text[: max(end, 0)]

@@ -9,6 +9,10 @@ A parser is chosen by ``[proxy] tool_parser``. It has two jobs:
   its own (it never mentions ``tools``), to put the tool list into the system prompt, earlier
   calls into assistant turns and results into user turns, in the family's own syntax.
 
+A parser may name a ``start_marker``: the text that opens a tool call. A streamed answer
+holds its text back from there on (and while the text could still be its beginning), so
+tool-call syntax is never streamed to the agent as content; the calls go out once parsed.
+
 More families register with ``register_tool_parser(name, factory)``.
 """
 
@@ -50,6 +54,7 @@ class HermesParser:
     """Hermes / Qwen style: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
 
     _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+    start_marker = "<tool_call>"
 
     def parse(self, text: str, tools: Sequence[Tool]) -> Parsed:
         if not tools or "<tool_call>" not in text:

@@ -132,6 +132,50 @@ class EngineTests:
     def test_health(self, engine):
         assert _run(engine.health()) is True
 
+    def test_stream_adds_up_to_generate(self, engine):
+        ids = self._prompt(engine, "Once upon a time")
+        params = SamplingParams(max_tokens=6, temperature=1.0, seed=99)
+
+        async def both():
+            chunks = [c async for c in engine.stream(ids, params, session_id="st1")]
+            return chunks, await engine.generate(ids, params, session_id="st2")
+
+        chunks, gen = _run(both())
+        assert chunks and chunks[-1].finish_reason == gen.finish_reason
+        assert all(c.finish_reason is None for c in chunks[:-1])
+        for c in chunks:
+            assert len(c.token_ids) == len(c.logprobs) == len(c.weights_versions)
+        assert tuple(t for c in chunks for t in c.token_ids) == gen.token_ids
+        streamed = [lp for c in chunks for lp in c.logprobs]
+        assert max(abs(a - b) for a, b in zip(streamed, gen.logprobs, strict=True)) <= 1e-4
+        assert [v for c in chunks for v in c.weights_versions] == list(gen.weights_versions)
+        assert set(gen.weights_versions) == {engine.weights_version}
+
+    def test_stream_closed_early_leaves_the_engine_serving(self, engine):
+        ids = self._prompt(engine)
+
+        async def close_early():
+            chunks = engine.stream(ids, SamplingParams(max_tokens=50, seed=3), session_id="st3")
+            first = await anext(chunks)
+            await chunks.aclose()
+            return first, await engine.generate(ids, SamplingParams(max_tokens=2, seed=4))
+
+        first, after = _run(close_early())
+        assert len(first.token_ids) >= 1
+        assert 1 <= len(after.token_ids) <= 2
+
+    def test_stream_of_a_prompt_too_long_raises_context_overflow(self, engine):
+        token = self._prompt(engine, "a")[-1]
+
+        async def consume():
+            async for _ in engine.stream(
+                [token] * engine.max_context, SamplingParams(max_tokens=1)
+            ):
+                pass
+
+        with pytest.raises(ContextOverflow):
+            _run(consume())
+
 
 class SandboxBackendTests:
     """The sandbox contract, as the trial runner and the anti-hacking rules rely on it.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import torch
 
-from slr.contracts import ContextOverflow, EngineUnavailable, Generation, SamplingParams
+from slr.contracts import (
+    ContextOverflow,
+    EngineUnavailable,
+    Generation,
+    GenerationChunk,
+    SamplingParams,
+    UpdateMode,
+    collect,
+)
+from slr.contracts.engine import check_update_mode
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.models import resolve
 from slr_engine_hf.scheduler import Request, Scheduler
@@ -126,10 +135,18 @@ class HfEngine:
     def weights_version(self) -> int:
         return self._scheduler.version
 
+    def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> AsyncIterator[GenerationChunk]:
+        """Tokens as the scheduler samples them; closing the stream frees the sequence."""
+        return _TokenStream(self, [int(t) for t in prompt_ids], sampling, session_id)
+
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Generation:
-        prompt = [int(t) for t in prompt_ids]
+        return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
+
+    def _request(self, prompt: list[int], sampling: SamplingParams, session_id: str | None):
         if not prompt:
             raise ValueError("generate needs at least one prompt token; got an empty prompt")
         if len(prompt) >= self._max_context:
@@ -142,25 +159,26 @@ class HfEngine:
             )
         if self._closed:
             raise EngineUnavailable("this hf engine is closed")
-        future: Future = Future()
-        request = Request(prompt=prompt, sampling=sampling, session_id=session_id, future=future)
-        self._scheduler.submit(request)
-        try:
-            return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            request.cancelled = True  # the worker drops the row at its next step
-            raise
+        return Request(prompt=prompt, sampling=sampling, session_id=session_id, future=Future())
 
     async def update_weights(
-        self, state_dict: Mapping[str, Any], *, version: int | None = None
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        mode: UpdateMode = "drain",
     ) -> int:
-        """Copy ``state_dict`` into the served model once running generations finish.
+        """Copy ``state_dict`` into the served model; returns the new version.
 
-        New generations wait meanwhile; every Generation records the version it ran under.
+        ``"drain"``: once running generations finish (new ones wait meanwhile).
+        ``"partial"``: at the next token boundary; running generations continue under the
+        new weights, and each token records the version that sampled it.
         """
+        check_update_mode(mode)
         if self._closed:
             raise EngineUnavailable("this hf engine is closed")
-        return await asyncio.wrap_future(self._scheduler.update(state_dict, version))
+        future = self._scheduler.update(state_dict, version, partial=mode == "partial")
+        return await asyncio.wrap_future(future)
 
     async def health(self) -> bool:
         return not self._closed and self._scheduler.alive
@@ -185,4 +203,88 @@ class HfEngine:
             "prefix_cache_hits": s.prefix_cache.hits,
             "prefix_cache_reused_tokens": s.prefix_cache.reused_tokens,
             "weights_version": s.version,
+            "cancelled": s.cancelled,
+            "resumed": s.resumed,
         }
+
+
+class _TokenStream:
+    """One streamed generation, as an async iterator of ``GenerationChunk``.
+
+    Submitted on the first ``__anext__`` (so its errors surface there). The scheduler's
+    thread hands chunks to this stream's event loop; when the consumer stops (``aclose``,
+    cancellation, or the iterator being dropped) the request is marked cancelled and the
+    scheduler frees its slot at the next step.
+    """
+
+    def __init__(
+        self,
+        engine: HfEngine,
+        prompt: list[int],
+        sampling: SamplingParams,
+        session_id: str | None,
+    ) -> None:
+        self._engine = engine
+        self._args = (prompt, sampling, session_id)
+        self._request: Request | None = None
+        self._queue: asyncio.Queue[GenerationChunk | BaseException] = asyncio.Queue()
+        self._done = False
+
+    def __aiter__(self) -> _TokenStream:
+        return self
+
+    async def __anext__(self) -> GenerationChunk:
+        if self._done:
+            raise StopAsyncIteration
+        if self._request is None:
+            self._start()
+        try:
+            item = await self._queue.get()
+        except BaseException:  # cancelled while waiting: the consumer is gone
+            self._cancel()
+            raise
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finish_reason is not None:
+            self._done = True
+        return item
+
+    async def aclose(self) -> None:
+        self._cancel()
+
+    def __del__(self) -> None:
+        self._cancel()
+
+    def _start(self) -> None:
+        try:
+            request = self._engine._request(*self._args)
+        except BaseException:
+            self._done = True
+            raise
+        loop = asyncio.get_running_loop()
+        queue = self._queue
+
+        def deliver(item: GenerationChunk | BaseException) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the consumer's loop is gone: nobody is listening
+                request.cancelled = True
+
+        def on_done(future: Future) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                deliver(future.exception())  # type: ignore[arg-type]
+
+        request.emit = deliver
+        request.future.add_done_callback(on_done)
+        self._request = request
+        try:
+            self._engine._scheduler.submit(request)
+        except BaseException:
+            self._done = True
+            raise
+
+    def _cancel(self) -> None:
+        if self._request is not None and not self._done:
+            self._request.cancelled = True
+        self._done = True

@@ -3,16 +3,22 @@
 All model work happens on this one thread, so the asyncio loop that calls the engine (and
 the proxy server sharing it) never waits on a forward pass. Requests arrive through
 ``submit`` with a ``concurrent.futures.Future`` each; results and errors go back through
-those futures. A weight update waits until the running sequences finish (new ones are
-held back meanwhile), swaps the weights, bumps the version, and lets the held ones in:
-a generation never spans two versions.
+those futures, and, for a streamed request, every sampled token goes to its ``emit`` sink
+as a ``GenerationChunk`` the moment it is sampled. A request whose consumer went away is
+marked ``cancelled`` and leaves the batch at the next step.
+
+A weight update in ``"drain"`` mode waits until the running sequences finish (new ones are
+held back meanwhile), swaps the weights, bumps the version, and lets the held ones in. In
+``"partial"`` mode it runs at the next token boundary: the weights are swapped, the
+running sequences' caches are recomputed under the new weights (prompt and tokens so far),
+and they continue; each token records the version that sampled it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +26,7 @@ import attrs
 import structlog
 import torch
 
-from slr.contracts import EngineUnavailable, Generation, SamplingParams
+from slr.contracts import EngineUnavailable, Generation, GenerationChunk, SamplingParams
 from slr_engine_hf.batch import KV, Batch, prefill
 from slr_engine_hf.sampling import new_generator, sample_rows
 
@@ -39,9 +45,13 @@ class Request:
     generator: torch.Generator = attrs.field(init=False)
     tokens: list[int] = attrs.Factory(list)
     logprobs: list[float] = attrs.Factory(list)
-    version: int = 0
+    versions: list[int] = attrs.Factory(list)  # per token: the weights version that sampled it
     routing: list[list[list[int]]] | None = None  # per token fed: per MoE layer: expert ids
     cancelled: bool = False  # set by the caller's side when it stops waiting
+    # a streamed request: called on the worker thread with each new chunk (must not block)
+    emit: Callable[[GenerationChunk], None] | None = None
+    sent_tokens: int = 0  # how many tokens (and routing entries) went out in chunks
+    sent_routing: int = 0
     stop_text_tokens: int = 0  # how many trailing tokens to decode when checking stop strings
 
     def __attrs_post_init__(self) -> None:
@@ -55,6 +65,7 @@ class _Update:
     state_dict: Mapping[str, Any]
     version: int | None
     future: Future
+    partial: bool = False
 
 
 class PrefixCache:
@@ -136,6 +147,8 @@ class Scheduler(threading.Thread):
         self._error: BaseException | None = None
         self.steps = 0
         self.generated_tokens = 0
+        self.cancelled = 0  # sequences dropped because their consumer went away
+        self.resumed = 0  # sequences continued across a partial weight update
 
     # -- called from other threads ------------------------------------------------------
 
@@ -146,12 +159,16 @@ class Scheduler(threading.Thread):
             self._waiting.append(request)
             self._cond.notify()
 
-    def update(self, state_dict: Mapping[str, Any], version: int | None) -> Future:
+    def update(
+        self, state_dict: Mapping[str, Any], version: int | None, *, partial: bool = False
+    ) -> Future:
         future: Future = Future()
         with self._cond:
             if self._error is not None:
                 raise EngineUnavailable(str(self._error))
-            self._updates.append(_Update(state_dict=state_dict, version=version, future=future))
+            self._updates.append(
+                _Update(state_dict=state_dict, version=version, future=future, partial=partial)
+            )
             self._cond.notify()
         return future
 
@@ -185,9 +202,14 @@ class Scheduler(threading.Thread):
                     if not self._updates:  # hold new requests back while an update waits
                         while self._waiting and len(self._rows) + len(admit) < self.max_batch:
                             admit.append(self._waiting.popleft())
-                    update = self._updates.popleft() if self._updates and not self._rows else None
+                    # a drain update waits for the running rows; a partial one runs now,
+                    # between two decode steps (a token boundary)
+                    ready = self._updates and (not self._rows or self._updates[0].partial)
+                    update = self._updates.popleft() if ready else None
                 if update is not None:
-                    self._apply_update(update)
+                    self._drop_cancelled()
+                    if self._apply_update(update) and self._rows:
+                        self._recompute_rows()
                     continue
                 self._drop_cancelled()
                 for request in admit:
@@ -218,9 +240,10 @@ class Scheduler(threading.Thread):
         self._batch = Batch()
         self.prefix_cache.clear()
 
-    def _apply_update(self, update: _Update) -> None:
+    def _apply_update(self, update: _Update) -> bool:
+        """Swap the weights in; True when they changed (the future has the new version)."""
         if update.future.set_running_or_notify_cancel() is False:
-            return
+            return False
         try:
             model_state = self.model.state_dict()
             unknown = [k for k in update.state_dict if k not in model_state]
@@ -229,32 +252,64 @@ class Scheduler(threading.Thread):
                     f"update_weights got {len(unknown)} names the model does not have, e.g. "
                     f"{unknown[:3]}; send the policy's own state_dict names"
                 )
+            for name, value in update.state_dict.items():  # all checked before any copy
+                target = model_state[name]
+                if tuple(value.shape) != tuple(target.shape):
+                    raise ValueError(
+                        f"update_weights: {name} has shape {tuple(value.shape)}, the model "
+                        f"expects {tuple(target.shape)}"
+                    )
             with torch.no_grad():
                 for name, value in update.state_dict.items():
                     target = model_state[name]
-                    if tuple(value.shape) != tuple(target.shape):
-                        raise ValueError(
-                            f"update_weights: {name} has shape {tuple(value.shape)}, the model "
-                            f"expects {tuple(target.shape)}"
-                        )
                     target.copy_(value.to(device=target.device, dtype=target.dtype))
             self.version = update.version if update.version is not None else self.version + 1
             self.prefix_cache.clear()  # cached keys/values belong to the old weights
-            update.future.set_result(self.version)
         except BaseException as exc:
             update.future.set_exception(exc)
+            return False
+        update.future.set_result(self.version)
+        return True
+
+    def _recompute_rows(self) -> None:
+        """After a partial update: rebuild the running rows' caches under the new weights.
+
+        Each row's cache covers its prompt and every token but the last sampled one (which
+        the next decode step feeds), exactly as if the row had run under these weights all
+        along; routing recorded for those tokens stays that of the pass that first ran them.
+        """
+        batch = Batch()
+        try:
+            for request in self._rows:
+                _, kv, _ = prefill(self.model, [*request.prompt, *request.tokens[:-1]], None, 0)
+                batch.add(kv)
+        except Exception as exc:
+            for r in self._rows:
+                if not r.future.done():
+                    r.future.set_exception(exc)
+            with self._cond:
+                self._rows = []
+            self._batch = Batch()
+            return
+        self._batch = batch
+        self.resumed += len(self._rows)
 
     def _drop_cancelled(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if not r.cancelled]
         if len(keep) != len(self._rows):
-            self._rows = [self._rows[i] for i in keep]
+            self.cancelled += len(self._rows) - len(keep)
+            with self._cond:
+                self._rows = [self._rows[i] for i in keep]
             self._batch.keep(keep)
 
     def _admit(self, request: Request) -> None:
-        if request.cancelled or not request.future.set_running_or_notify_cancel():
+        if request.cancelled:
+            self.cancelled += 1
+            request.future.cancel()
+            return
+        if not request.future.set_running_or_notify_cancel():
             return
         try:
-            request.version = self.version
             prefix, reused, routed = self.prefix_cache.take(request.session_id, request.prompt)
             logits, kv, routing = prefill(
                 self.model, request.prompt, prefix, reused, self.routing_k
@@ -266,10 +321,13 @@ class Scheduler(threading.Thread):
             request.future.set_exception(exc)
             return
         self._batch.add(kv)
-        self._rows.append(request)
+        with self._cond:
+            self._rows.append(request)
         reason = self._record(request, token[0], lp[0])
         if reason is not None:
             self._retire({len(self._rows) - 1: reason})
+        else:
+            self._emit(request)
 
     def _decode_step(self) -> None:
         rows = self._rows
@@ -296,12 +354,15 @@ class Scheduler(threading.Thread):
             reason = self._record(request, tok, lp)
             if reason is not None:
                 finished[i] = reason
+            else:
+                self._emit(request)
         if finished:
             self._retire(finished)
 
     def _record(self, request: Request, token: int, logprob: float) -> str | None:
         request.tokens.append(token)
         request.logprobs.append(logprob)
+        request.versions.append(self.version)
         self.generated_tokens += 1
         return self._finish_reason(request, token)
 
@@ -327,16 +388,38 @@ class Scheduler(threading.Thread):
         # results go out only after the row has left, so a caller sees a consistent load
         for request, reason in done:
             if not request.future.done():
+                self._emit(request, reason)
                 request.future.set_result(
                     Generation(
                         token_ids=request.tokens,
                         logprobs=request.logprobs,
-                        finish_reason=reason,
+                        finish_reason=reason,  # type: ignore[arg-type]
                         routed_experts=request.routing,
-                        weights_version=request.version,
+                        weights_version=request.versions[0],
+                        weights_versions=request.versions,
                         prompt_tokens=len(request.prompt),
                     )
                 )
+
+    @staticmethod
+    def _emit(request: Request, reason: str | None = None) -> None:
+        """Send a streamed request the tokens (and routing) it has not seen yet."""
+        if request.emit is None or request.cancelled:
+            return
+        n, r = request.sent_tokens, request.sent_routing
+        routing = request.routing[r:] if request.routing is not None else None
+        request.sent_tokens = len(request.tokens)
+        request.sent_routing = len(request.routing) if request.routing is not None else 0
+        request.emit(
+            GenerationChunk(
+                token_ids=request.tokens[n:],
+                logprobs=request.logprobs[n:],
+                weights_versions=request.versions[n:],
+                routed_experts=routing,
+                finish_reason=reason,  # type: ignore[arg-type]
+                prompt_tokens=len(request.prompt),
+            )
+        )
 
     def _finish_reason(self, request: Request, token: int) -> str | None:
         if token in self.eos_token_ids or token in request.sampling.stop_token_ids:

@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
 import structlog
 
 from slr.balancer import LoadBalancer
-from slr.contracts import ContextOverflow, EngineUnavailable, Generation, SamplingParams
+from slr.contracts import (
+    ContextOverflow,
+    EngineUnavailable,
+    Generation,
+    GenerationChunk,
+    SamplingParams,
+    UpdateMode,
+)
+from slr.contracts.engine import check_update_mode
 from slr.errors import UsageError
 from slr_engine_vllm.config import VllmEngineConfig
-from slr_engine_vllm.protocol import ProtocolError, completion_request, error_for, parse_completion
+from slr_engine_vllm.protocol import (
+    ProtocolError,
+    completion_request,
+    error_for,
+    parse_chunk,
+    parse_completion,
+)
 from slr_engine_vllm.server import VllmServer
 from slr_engine_vllm.weights import Transport, WeightSync
 
@@ -153,10 +168,78 @@ class VllmEngine:
         except ProtocolError as exc:
             raise EngineUnavailable(f"vLLM server {self.url}: {exc}") from exc
 
+    async def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> AsyncIterator[GenerationChunk]:
+        """The server's streaming completions (``stream: true``), chunk by chunk. Closing
+        the stream closes the HTTP response, and vLLM aborts a request whose client left."""
+        if self._closed:
+            raise EngineUnavailable(f"vLLM engine {self.index} is closed")
+        if self._max_context and len(prompt_ids) >= self._max_context:
+            raise ContextOverflow(len(prompt_ids), self._max_context)
+        body = completion_request(
+            prompt_ids,
+            sampling,
+            model=self.config.served_model_name,
+            allow_truncated_logprobs=self.config.allow_truncated_logprobs,
+            return_routed_experts=self.config.return_routed_experts,
+        )
+        body["stream"] = True
+        while self._updating is not None:
+            await self._updating.wait()
+        version = self._version
+        headers = {"X-Session-Id": session_id} if session_id else {}
+        n = len(prompt_ids)
+        try:
+            async with self.client.stream(
+                "POST", f"{self.url}/v1/completions", json=body, headers=headers
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    data = _json(response)
+                    if response.status_code >= 500:
+                        raise EngineUnavailable(
+                            f"vLLM server {self.url} failed (HTTP {response.status_code}): {data}"
+                        )
+                    raise error_for(
+                        response.status_code, data, prompt_tokens=n, max_context=self._max_context
+                    )
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = parse_chunk(
+                        json.loads(payload), prompt_tokens=n, weights_version=version
+                    )
+                    yield chunk
+                    if chunk.finish_reason is not None:
+                        return
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(
+                f"vLLM server {self.url} did not answer: {type(exc).__name__}: {exc}"
+            ) from exc
+        except (ProtocolError, json.JSONDecodeError) as exc:
+            raise EngineUnavailable(f"vLLM server {self.url}: {exc}") from exc
+        raise EngineUnavailable(f"vLLM server {self.url} ended the stream without a finish_reason")
+
     async def update_weights(
-        self, state_dict: Mapping[str, Any], *, version: int | None = None
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        mode: UpdateMode = "drain",
     ) -> int:
         """Pause the server, stream the weights in, resume; see ``weights.WeightSync``."""
+        check_update_mode(mode)
+        if mode == "partial":
+            raise NotImplementedError(
+                "partial weight updates are not implemented for vLLM yet: they need vLLM's "
+                "in-place pause (keep in-flight requests at a token boundary) or abort + "
+                "resume of each request with its tokens so far, driven around /update_weights; "
+                "use mode='drain'"
+            )
         if self.config.weight_transfer == "none":
             raise UsageError(
                 "this vLLM engine is configured with weight_transfer = 'none'; set it to "

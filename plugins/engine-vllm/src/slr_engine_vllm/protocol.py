@@ -13,6 +13,10 @@ sampled token after temperature scaling (vLLM's default, ``raw_logprobs``, ignor
 temperature). Without top-k / top-p that is exactly ``log_softmax(logits / T)``, the
 trainer's definition; with them vLLM renormalizes over the kept tokens, so they are
 refused unless the engine is configured to allow it.
+
+Streaming uses the same request with ``stream: true``: server-sent events, each a
+completion chunk whose choice carries the new tokens' ids and log-probs, the last one its
+``finish_reason``, then ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from slr.contracts import ContextOverflow, Generation, SamplingParams
+from slr.contracts import ContextOverflow, Generation, GenerationChunk, SamplingParams
 from slr.contracts.records import FinishReason
 
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
@@ -80,13 +84,52 @@ def completion_request(
 
 def parse_completion(data: Any, *, prompt_tokens: int, weights_version: int) -> Generation:
     """A ``Generation`` from a completion response, or ``ProtocolError`` saying what's off."""
+    choice = _choice(data)
+    ids, values = _tokens(choice)
+    reason = _FINISH.get(str(choice.get("finish_reason")))
+    if reason is None:
+        raise ProtocolError(f"unknown finish_reason {choice.get('finish_reason')!r}")
+    return Generation(
+        token_ids=ids,
+        logprobs=values,
+        finish_reason=reason,
+        routed_experts=choice.get("routed_experts"),
+        weights_version=weights_version,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def parse_chunk(data: Any, *, prompt_tokens: int, weights_version: int) -> GenerationChunk:
+    """A ``GenerationChunk`` from one streamed completion chunk."""
+    choice = _choice(data)
+    ids, values = _tokens(choice, allow_empty=True)
+    raw = choice.get("finish_reason")
+    reason = _FINISH.get(str(raw)) if raw is not None else None
+    if raw is not None and reason is None:
+        raise ProtocolError(f"unknown finish_reason {raw!r}")
+    return GenerationChunk(
+        token_ids=ids,
+        logprobs=values,
+        weights_versions=[weights_version] * len(ids),
+        routed_experts=choice.get("routed_experts"),
+        finish_reason=reason,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def _choice(data: Any) -> dict[str, Any]:
     try:
-        choice = data["choices"][0]
+        return data["choices"][0]
     except (KeyError, IndexError, TypeError):
         raise ProtocolError(f"response has no choices: {_short(data)}") from None
+
+
+def _tokens(choice: dict[str, Any], *, allow_empty: bool = False) -> tuple[list[int], list[float]]:
     logprobs = choice.get("logprobs") or {}
     tokens = logprobs.get("tokens")
     values = logprobs.get("token_logprobs")
+    if allow_empty and not choice.get("token_ids") and not tokens:
+        return [], []  # a chunk with no new token (e.g. only the finish reason)
     if tokens is None or values is None:
         raise ProtocolError(
             "response has no per-token logprobs; the request asked for them (logprobs=1): "
@@ -107,17 +150,7 @@ def parse_completion(data: Any, *, prompt_tokens: int, weights_version: int) -> 
         raise ProtocolError(f"{len(ids)} token ids but {len(values)} logprobs in {_short(choice)}")
     if any(v is None for v in values):
         raise ProtocolError(f"a sampled token has no logprob: {values}")
-    reason = _FINISH.get(choice.get("finish_reason"))
-    if reason is None:
-        raise ProtocolError(f"unknown finish_reason {choice.get('finish_reason')!r}")
-    return Generation(
-        token_ids=[int(t) for t in ids],
-        logprobs=[float(v) for v in values],
-        finish_reason=reason,
-        routed_experts=choice.get("routed_experts"),
-        weights_version=weights_version,
-        prompt_tokens=prompt_tokens,
-    )
+    return [int(t) for t in ids], [float(v) for v in values]
 
 
 def error_for(status: int, data: Any, *, prompt_tokens: int, max_context: int) -> Exception:
