@@ -123,15 +123,17 @@ class LoadBalancer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                reason = (
-                    f"no answer within {self._call_timeout_s}s"
-                    if isinstance(exc, TimeoutError)
-                    else f"{type(exc).__name__}: {exc}"
-                )
+                reason = self._failure(exc, waited_for="answer")
                 self._mark_down(replica, reason)
                 self._counts["failovers"] += 1
             finally:
                 replica.in_flight -= 1
+
+    def _failure(self, exc: Exception, *, waited_for: str) -> str:
+        """Why a replica is marked down, for the logs and the failover record."""
+        if isinstance(exc, TimeoutError):
+            return f"no {waited_for} within {self._call_timeout_s}s"
+        return f"{type(exc).__name__}: {exc}"
 
     async def stream(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
@@ -159,11 +161,7 @@ class LoadBalancer:
             except CLIENT_ERRORS:
                 raise
             except Exception as exc:
-                reason = (
-                    f"no chunk within {self._call_timeout_s}s"
-                    if isinstance(exc, TimeoutError)
-                    else f"{type(exc).__name__}: {exc}"
-                )
+                reason = self._failure(exc, waited_for="chunk")
                 self._mark_down(replica, reason)
                 if started:
                     raise EngineUnavailable(

@@ -255,15 +255,24 @@ async def stream(body: MessagesRequest, r: ChatResult) -> AsyncIterator[bytes]:
                 "content_block_delta",
             )
         yield sse.event({"type": "content_block_stop", "index": index}, "content_block_stop")
-    yield sse.event(
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": _stop_reason(r), "stop_sequence": r.stop_sequence},
-            "usage": {"output_tokens": r.completion_tokens},
-        },
-        "message_delta",
-    )
-    yield sse.event({"type": "message_stop"}, "message_stop")
+    for event in _message_end(r):
+        yield event
+
+
+def _message_end(r: ChatResult) -> list[bytes]:
+    """The events that close a streamed message: why it stopped, its usage, the stop."""
+    delta = {"stop_reason": _stop_reason(r), "stop_sequence": r.stop_sequence}
+    return [
+        sse.event(
+            {
+                "type": "message_delta",
+                "delta": delta,
+                "usage": {"output_tokens": r.completion_tokens},
+            },
+            "message_delta",
+        ),
+        sse.event({"type": "message_stop"}, "message_stop"),
+    ]
 
 
 def streams_live(body: MessagesRequest) -> bool:
@@ -344,12 +353,5 @@ async def stream_live(
                     {"type": "content_block_stop", "index": index}, "content_block_stop"
                 )
                 index += 1
-            yield sse.event(
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": _stop_reason(r), "stop_sequence": r.stop_sequence},
-                    "usage": {"output_tokens": r.completion_tokens},
-                },
-                "message_delta",
-            )
-            yield sse.event({"type": "message_stop"}, "message_stop")
+            for event in _message_end(r):
+                yield event

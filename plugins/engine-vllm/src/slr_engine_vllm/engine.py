@@ -125,9 +125,11 @@ class VllmEngine:
     def weights_version(self) -> int:
         return self._version
 
-    async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
-    ) -> Generation:
+    async def _request(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, stream: bool
+    ) -> tuple[dict[str, Any], int]:
+        """The completions body for a call, once no weight swap is under way, and the
+        weights version it will run under. Refuses a closed engine or an oversized prompt."""
         if self._closed:
             raise EngineUnavailable(f"vLLM engine {self.index} is closed")
         if self._max_context and len(prompt_ids) >= self._max_context:
@@ -139,9 +141,16 @@ class VllmEngine:
             allow_truncated_logprobs=self.config.allow_truncated_logprobs,
             return_routed_experts=self.config.return_routed_experts,
         )
+        if stream:
+            body["stream"] = True
         while self._updating is not None:  # no generation starts during a weight swap
             await self._updating.wait()
-        version = self._version
+        return body, self._version
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
+        body, version = await self._request(prompt_ids, sampling, stream=False)
         headers = {"X-Session-Id": session_id} if session_id else {}
         try:
             response = await self.client.post(
@@ -173,21 +182,7 @@ class VllmEngine:
     ) -> AsyncIterator[GenerationChunk]:
         """The server's streaming completions (``stream: true``), chunk by chunk. Closing
         the stream closes the HTTP response, and vLLM aborts a request whose client left."""
-        if self._closed:
-            raise EngineUnavailable(f"vLLM engine {self.index} is closed")
-        if self._max_context and len(prompt_ids) >= self._max_context:
-            raise ContextOverflow(len(prompt_ids), self._max_context)
-        body = completion_request(
-            prompt_ids,
-            sampling,
-            model=self.config.served_model_name,
-            allow_truncated_logprobs=self.config.allow_truncated_logprobs,
-            return_routed_experts=self.config.return_routed_experts,
-        )
-        body["stream"] = True
-        while self._updating is not None:
-            await self._updating.wait()
-        version = self._version
+        body, version = await self._request(prompt_ids, sampling, stream=True)
         headers = {"X-Session-Id": session_id} if session_id else {}
         n = len(prompt_ids)
         try:
