@@ -109,10 +109,7 @@ class LoadBalancer:
     ) -> Generation:
         tried: set[str] = set()
         while True:
-            replica = self._route(session_id, exclude=tried)
-            tried.add(replica.name)
-            replica.in_flight += 1
-            replica.requests += 1
+            replica = self._claim(session_id, tried)
             try:
                 call = replica.engine.generate(prompt_ids, sampling, session_id=session_id)
                 if self._call_timeout_s is not None:
@@ -129,6 +126,15 @@ class LoadBalancer:
             finally:
                 replica.in_flight -= 1
 
+    def _claim(self, session_id: str | None, tried: set[str]) -> _Replica:
+        """The next replica to try for a call (one not in ``tried``), counted as busy with
+        it; the caller releases ``in_flight`` when the call ends."""
+        replica = self._route(session_id, exclude=tried)
+        tried.add(replica.name)
+        replica.in_flight += 1
+        replica.requests += 1
+        return replica
+
     def _failure(self, exc: Exception, *, waited_for: str) -> str:
         """Why a replica is marked down, for the logs and the failover record."""
         if isinstance(exc, TimeoutError):
@@ -142,10 +148,7 @@ class LoadBalancer:
         chunk, ends with ``EngineUnavailable`` if the replica fails after it."""
         tried: set[str] = set()
         while True:
-            replica = self._route(session_id, exclude=tried)
-            tried.add(replica.name)
-            replica.in_flight += 1
-            replica.requests += 1
+            replica = self._claim(session_id, tried)
             chunks = replica.engine.stream(prompt_ids, sampling, session_id=session_id)
             started = False
             try:

@@ -18,6 +18,17 @@ from slr.proxy.toolparse import ToolParser
 _SENTINEL = "\x1eSLR-SENTINEL\x1e"
 
 
+def turn_suffix(tokenizer: Any) -> str:
+    """The text a tokenizer's chat template puts right after an assistant message's content
+    (ChatML: ``<|im_end|>\\n``): how a turn the model ended is closed."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}],
+        tokenize=False,
+        add_generation_prompt=False,
+    )
+    return text[text.rindex(_SENTINEL) + len(_SENTINEL) :]
+
+
 class Renderer:
     def __init__(self, tokenizer: Any, parser: ToolParser) -> None:
         self.tokenizer = tokenizer
@@ -118,10 +129,7 @@ class Renderer:
         )
 
     def _turn_suffix(self) -> str:
-        text = self._probe(
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}], False
-        )
-        return text[text.rindex(_SENTINEL) + len(_SENTINEL) :]
+        return turn_suffix(self.tokenizer)
 
     def _stop_token_ids(self) -> frozenset[int]:
         ids = set()

@@ -32,6 +32,7 @@ import structlog
 from filelock import FileLock
 
 from slr.errors import UsageError
+from slr.proxy.render import turn_suffix
 
 log = structlog.get_logger()
 
@@ -115,16 +116,6 @@ def gguf_special_tokens(gguf_path: Path) -> tuple[SpecialTokens, str | None]:
     return special, value("tokenizer.chat_template")
 
 
-def template_turn_end(tokenizer: Any) -> str:
-    """The text the chat template puts right after an assistant message's content."""
-    sentinel = "\x00slr-turn-end-probe\x00"
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": sentinel}],
-        tokenize=False,
-    )
-    return text[text.rindex(sentinel) + len(sentinel) :]
-
-
 def check_special_tokens(tokenizer: Any, special: SpecialTokens, *, source: str) -> None:
     """Raise ``ConversionError`` unless ``tokenizer`` carries ``special`` and its chat
     template closes an assistant turn with the eos token (generation must stop there)."""
@@ -139,7 +130,7 @@ def check_special_tokens(tokenizer: Any, special: SpecialTokens, *, source: str)
                 f"{want[1]!r} (id {want[0]})"
             )
     if getattr(tokenizer, "chat_template", None):
-        end = template_turn_end(tokenizer)
+        end = turn_suffix(tokenizer)
         if not end.startswith(special.eos[1]):
             problems.append(
                 f"the chat template ends an assistant turn with {end!r}, not with "
@@ -280,10 +271,11 @@ def _publish(
     try:
         write(tmp)
         check_special_tokens(AutoTokenizer.from_pretrained(tmp), special, source=gguf.name)
-        if folder_special_tokens(tmp) != special:
+        saved = folder_special_tokens(tmp)
+        if saved != special:
             raise ConversionError(
                 f"converted model from {gguf.name}: the saved config files declare "
-                f"{folder_special_tokens(tmp).to_json()}, the GGUF metadata "
+                f"{saved.to_json()}, the GGUF metadata "
                 f"{special.to_json()}"
             )
         marker = {"format": _FORMAT, "source": gguf.name, "special_tokens": special.to_json()}
