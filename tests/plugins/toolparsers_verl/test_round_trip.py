@@ -36,7 +36,9 @@ _ASSISTANT = "{%- elif m.role == 'assistant' %}"
 _END = "{%- endif %}{%- endfor %}"
 
 TEMPLATES = {
-    "qwen3_coder": _USER + "{{- '<|im_start|>user\\n' + m.content + '<|im_end|>\\n' }}" + _ASSISTANT
+    "qwen3_coder": _USER
+    + "{{- '<|im_start|>user\\n' + m.content + '<|im_end|>\\n' }}"
+    + _ASSISTANT
     + "{{- '<|im_start|>assistant\\n' + (m.content or '') }}"
     "{%- for tool_call in m.tool_calls %}{%- set tool_call = tool_call.function %}"
     "{{- '\\n<tool_call>\\n<function=' + tool_call.name + '>\\n' }}"
@@ -45,32 +47,41 @@ TEMPLATES = {
     "{%- set args_value = args_value | tojson | safe if args_value is mapping or "
     "(args_value is sequence and args_value is not string) else args_value | string %}"
     "{{- args_value }}{{- '\\n</parameter>\\n' }}{%- endfor %}"
-    "{{- '</function>\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}" + _END
+    "{{- '</function>\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    + _END
     + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
     "glm45": _USER + "<|user|>\n{{ m.content }}" + _ASSISTANT + "<|assistant|>"
     "{%- for tc in m.tool_calls %}{%- set tc = tc.function %}"
     "{{ '\\n<tool_call>' + tc.name }}\n{% for k, v in tc.arguments.items() %}"
     "<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v | tojson(ensure_ascii=False) if v is not "
-    "string else v }}</arg_value>\n{% endfor %}</tool_call>{% endfor %}" + _END
+    "string else v }}</arg_value>\n{% endfor %}</tool_call>{% endfor %}"
+    + _END
     + "{%- if add_generation_prompt %}<|assistant|>{%- endif %}",
     "glm47": _USER + "<|user|>{{ m.content }}" + _ASSISTANT + "<|assistant|>"
     "{%- for tc in m.tool_calls %}{%- set tc = tc.function %}"
     "{{ '<tool_call>' + tc.name -}}{% for k, v in tc.arguments.items() %}"
     "<arg_key>{{ k }}</arg_key><arg_value>{{ v | tojson(ensure_ascii=False) if v is not "
-    "string else v }}</arg_value>{% endfor %}</tool_call>{% endfor %}" + _END
+    "string else v }}</arg_value>{% endfor %}</tool_call>{% endfor %}"
+    + _END
     + "{%- if add_generation_prompt %}<|assistant|>{%- endif %}",
-    "kimi_k2": _USER + "<|im_user|>user<|im_middle|>{{ m.content }}<|im_end|>" + _ASSISTANT
+    "kimi_k2": _USER
+    + "<|im_user|>user<|im_middle|>{{ m.content }}<|im_end|>"
+    + _ASSISTANT
     + "<|im_assistant|>assistant<|im_middle|>{{ m.content or '' }}"
     "{{ '<|tool_calls_section_begin|>' }}{%- for tool_call in m.tool_calls -%}"
     "<|tool_call_begin|>{{ tool_call.id }}<|tool_call_argument_begin|>"
     "{{ tool_call.function.arguments | tojson }}<|tool_call_end|>{%- endfor -%}"
-    "<|tool_calls_section_end|><|im_end|>" + _END
+    "<|tool_calls_section_end|><|im_end|>"
+    + _END
     + "{%- if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{%- endif %}",
-    "openai": _USER + "<|start|>user<|message|>{{ m.content }}<|end|>" + _ASSISTANT
+    "openai": _USER
+    + "<|start|>user<|message|>{{ m.content }}<|end|>"
+    + _ASSISTANT
     + "{%- for tool_call in m.tool_calls %}"
     "{{- '<|start|>assistant<|channel|>commentary to=functions.' + tool_call.function.name "
     "+ ' <|constrain|>json<|message|>' }}{{- tool_call.function.arguments | tojson }}"
-    "{{- '<|call|>' }}{%- endfor %}" + _END
+    "{{- '<|call|>' }}{%- endfor %}"
+    + _END
     + "{%- if add_generation_prompt %}<|start|>assistant{%- endif %}",
     "minimax_m2": _USER + "]~b]user\n{{ m.content }}[e~[\n" + _ASSISTANT + "]~b]ai\n"
     "{{- '<minimax:tool_call>\\n' }}{%- for tool_call in m.tool_calls -%}"
@@ -78,31 +89,37 @@ TEMPLATES = {
     "{{- '<invoke name=\"' + tool_call.name + '\">' }}\n{%- for k, v in tool_call.arguments.items() %}"
     "{{- '<parameter name=\"' + k + '\">' }}{{- v | tojson(ensure_ascii=False) if v is not "
     "string else v }}{{- '</parameter>' }}\n{% endfor %}{{- '</invoke>\\n' }}{%- endfor -%}"
-    "{{- '</minimax:tool_call>' }}[e~[\n" + _END
+    "{{- '</minimax:tool_call>' }}[e~[\n"
+    + _END
     + "{%- if add_generation_prompt %}]~b]ai\n{%- endif %}",
-    "seed_oss": _USER + "<seed:bos>user\n{{ m.content }}<seed:eos>" + _ASSISTANT
+    "seed_oss": _USER
+    + "<seed:bos>user\n{{ m.content }}<seed:eos>"
+    + _ASSISTANT
     + "<seed:bos>assistant\n{%- for tool_call in m.tool_calls %}{%- set tool_call = tool_call.function %}"
     "{{- '\\n<seed:tool_call>\\n<function=' + tool_call.name + '>\\n' }}"
     "{%- for arg_name, arg_value in tool_call.arguments | items %}"
     "{{- '<parameter=' + arg_name + '>' }}{%- set arg_value = arg_value | tojson if arg_value "
     "is mapping or (arg_value is sequence and arg_value is not string) else arg_value | string %}"
     "{{- arg_value }}{{- '</parameter>\\n' }}{%- endfor %}"
-    "{{- '</function>\\n</seed:tool_call>' }}{%- endfor %}<seed:eos>" + _END
+    "{{- '</function>\\n</seed:tool_call>' }}{%- endfor %}<seed:eos>"
+    + _END
     + "{%- if add_generation_prompt %}<seed:bos>assistant\n{%- endif %}",
     "deepseek_v4": _USER + "<｜User｜>{{ m.content }}" + _ASSISTANT + "<｜Assistant｜></think>"
     "\n\n<｜DSML｜tool_calls>\n{%- for tool_call in m.tool_calls %}"
-    "{%- set tool_call = tool_call.function %}\n<｜DSML｜invoke name=\"{{ tool_call.name }}\">"
-    "{%- for k, v in tool_call.arguments.items() %}\n<｜DSML｜parameter name=\"{{ k }}\" "
+    '{%- set tool_call = tool_call.function %}\n<｜DSML｜invoke name="{{ tool_call.name }}">'
+    '{%- for k, v in tool_call.arguments.items() %}\n<｜DSML｜parameter name="{{ k }}" '
     "string=\"{{ 'true' if v is string else 'false' }}\">{{ v if v is string else v | tojson }}"
     "</｜DSML｜parameter>{%- endfor %}\n</｜DSML｜invoke>{%- endfor %}\n</｜DSML｜tool_calls>"
-    "<｜end▁of▁sentence｜>" + _END
+    "<｜end▁of▁sentence｜>"
+    + _END
     + "{%- if add_generation_prompt %}<｜Assistant｜></think>{%- endif %}",
     "gemma4": _USER + "<|turn>user\n{{ m.content }}<turn|>\n" + _ASSISTANT + "<|turn>model\n"
     "{%- for tool_call in m.tool_calls %}{%- set tool_call = tool_call.function %}"
     "{{- '<|tool_call>call:' + tool_call.name + '{' }}"
     "{%- for k, v in tool_call.arguments | dictsort %}{{- k + ':' }}"
     "{%- if v is string %}{{- '<|\"|>' + v + '<|\"|>' }}{%- else %}{{- v | tojson }}{%- endif %}"
-    "{%- if not loop.last %},{% endif %}{%- endfor %}{{- '}<tool_call|>' }}{%- endfor %}" + _END
+    "{%- if not loop.last %},{% endif %}{%- endfor %}{{- '}<tool_call|>' }}{%- endfor %}"
+    + _END
     + "{%- if add_generation_prompt %}<|turn>model\n{%- endif %}",
 }
 TEMPLATES["qwen3_xml"] = TEMPLATES["qwen3_coder"]

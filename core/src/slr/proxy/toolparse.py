@@ -129,10 +129,10 @@ class HermesParser:
 
 # Names people reach for that are no parser, or that mean another format than they expect.
 _HINTS = {
-    "qwen": "Qwen2.5 and Qwen3 write hermes JSON calls (tool_parser = \"hermes\"); "
-    "Qwen3-Coder and Qwen3.5 write XML calls (tool_parser = \"qwen3_coder\")",
+    "qwen": 'Qwen2.5 and Qwen3 write hermes JSON calls (tool_parser = "hermes"); '
+    'Qwen3-Coder and Qwen3.5 write XML calls (tool_parser = "qwen3_coder")',
     "minimax": "vLLM's \"minimax\" is MiniMax-M1's JSON format, which no installed parser "
-    "reads; MiniMax-M2's XML calls are tool_parser = \"minimax_m2\"",
+    'reads; MiniMax-M2\'s XML calls are tool_parser = "minimax_m2"',
 }
 
 
@@ -152,9 +152,13 @@ def get_tool_parser(name: str, plugins: PluginManager | None = None) -> ToolPars
         if hint is None:
             close = difflib.get_close_matches(name, list(registry), n=1)
             hint = f"did you mean {close[0]!r}?" if close else ""
-        extra = "" if "qwen3_coder" in registry else (
-            "; more families (qwen3_coder, glm45, kimi_k2, openai, ...): "
-            "pip install slr-toolparsers-verl"
+        extra = (
+            ""
+            if "qwen3_coder" in registry
+            else (
+                "; more families (qwen3_coder, glm45, kimi_k2, openai, ...): "
+                "pip install slr-toolparsers-verl"
+            )
         )
         raise ConfigError(
             f"proxy.tool_parser = {name!r} is not a known tool-call parser"

@@ -81,8 +81,7 @@ def _minimax_m2(call: ToolCall) -> str:
         f'<parameter name="{k}">{_value_text(v)}</parameter>\n' for k, v in call.arguments.items()
     )
     return (
-        f'<minimax:tool_call>\n<invoke name="{call.name}">\n{params}</invoke>\n'
-        "</minimax:tool_call>"
+        f'<minimax:tool_call>\n<invoke name="{call.name}">\n{params}</invoke>\n</minimax:tool_call>'
     )
 
 
@@ -116,7 +115,9 @@ def _gemma4(call: ToolCall) -> str:
     return f"<|tool_call>call:{call.name}{{{args}}}<tool_call|>"
 
 
-_HARMONY_FINAL = re.compile(r"<\|channel\|>final<\|message\|>(.*?)(?:<\|return\|>|<\|end\|>|$)", re.S)
+_HARMONY_FINAL = re.compile(
+    r"<\|channel\|>final<\|message\|>(.*?)(?:<\|return\|>|<\|end\|>|$)", re.S
+)
 
 
 def _harmony_content(text: str) -> str:
@@ -267,7 +268,9 @@ def _verl_tools(tools: Sequence[Tool]) -> list[Any]:
         }
         fn["parameters"] = params
         try:
-            out.append(OpenAIFunctionToolSchema.model_validate({"type": "function", "function": fn}))
+            out.append(
+                OpenAIFunctionToolSchema.model_validate({"type": "function", "function": fn})
+            )
         except ValueError:
             continue
     return out
@@ -299,7 +302,9 @@ class VerlToolParser:
                 break
             if not isinstance(args, dict) or not fc.name:
                 break
-            calls.append(ToolCall(id=fc.tool_call_id or new_call_id(), name=fc.name, arguments=args))
+            calls.append(
+                ToolCall(id=fc.tool_call_id or new_call_id(), name=fc.name, arguments=args)
+            )
         opened, closed = given.count(f.call_marker), given.count(f.end_marker)
         if not calls or not len(calls) == len(found) == opened == closed:
             return Parsed(content=self._content(text))  # malformed: leave the text as it is
@@ -310,7 +315,9 @@ class VerlToolParser:
 
     def render_system(self, system: str, tools: Sequence[Tool]) -> str:
         listing = "\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in tools)
-        example = self.family.render(ToolCall(id="", name="<function-name>", arguments={"<arg>": "<value>"}))
+        example = self.family.render(
+            ToolCall(id="", name="<function-name>", arguments={"<arg>": "<value>"})
+        )
         block = (
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
             f"The functions, as JSON schemas:\n<tools>\n{listing}\n</tools>\n\n"
