@@ -34,6 +34,7 @@ def _run_config(checkpoint: Path) -> Path | None:
     help="Trials per task; pass@1..k is reported.",
 )
 @click.option(
+    "-p",
     "--tasks",
     "tasks_path",
     type=click.Path(exists=True, path_type=Path),
@@ -46,7 +47,11 @@ def _run_config(checkpoint: Path) -> Path | None:
     "latest complete checkpoint. Without -c, the run's own config.toml is the config.",
 )
 @click.option(
-    "-j", "--concurrency", type=click.IntRange(min=1), help="Trials at once (rollout.concurrency)."
+    "-j",
+    "-n",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    help="Trials at once (rollout.concurrency; Harbor's -n).",
 )
 @click.option(
     "--threshold",

@@ -20,8 +20,14 @@ def config_options(fn):
             type=click.Path(dir_okay=False, path_type=Path),
             help="Run config (TOML). Without it, the built-in defaults.",
         ),
-        click.option("--agent", help="Agent scaffold plugin, e.g. opencode, claude-code."),
-        click.option("--backend", help="Sandbox backend plugin: local, docker, k8s."),
+        click.option(
+            "-a", "--agent", help="Agent scaffold plugin, e.g. opencode, claude-code (Harbor's -a)."
+        ),
+        click.option(
+            "-e",
+            "--backend",
+            help="Sandbox backend plugin: local, docker, k8s (Harbor's -e environment).",
+        ),
         click.option("--engine", help="Inference engine plugin: hf, vllm."),
         click.option("--optimizer", help="Optimizer plugin: torch, verl."),
         click.option("--verifier", help="Verifier plugin (default: harbor)."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 
 import click
@@ -15,12 +16,15 @@ from slr_cli.options import config_options, resolve_config
 
 
 @click.command()
+@click.argument("model", required=False)
 @config_options
 @click.option("--port", type=int, default=None, help="Port to listen on (default: [proxy] port).")
 @click.option(
     "--sessions", type=click.IntRange(1), default=1, show_default=True, help="Sessions to open."
 )
-def serve(config_path, agent, backend, engine, optimizer, verifier, sets, port, sessions) -> None:
+def serve(
+    model, config_path, agent, backend, engine, optimizer, verifier, sets, port, sessions
+) -> None:
     """Serve the policy through the proxy until interrupted.
 
     Prints each session's OpenAI and Anthropic base URLs (the session token also works as
@@ -30,7 +34,12 @@ def serve(config_path, agent, backend, engine, optimizer, verifier, sets, port, 
     readable trials/<session>/proxy.json).
 
     \b
+    MODEL, as for `vllm serve MODEL`, sets [engine] model: a Hub id (Org/Name, read from
+    the local Hub cache: HF_HUB_CACHE or HF_HOME), a model folder or a packaged name.
+
+    \b
     Examples:
+      slr serve Qwen/Qwen2.5-Coder-0.5B-Instruct --port 8000
       slr serve --engine hf --set engine.model=path/to/model --port 8000
       OPENAI_BASE_URL=<printed url> OPENAI_API_KEY=<token> my-agent ...
     """
@@ -38,6 +47,7 @@ def serve(config_path, agent, backend, engine, optimizer, verifier, sets, port, 
         *sets,
         "proxy.client_sampling=honor",
         *(() if port is None else (f"proxy.port={port}",)),
+        *(() if model is None else (f"engine.model={json.dumps(model)}",)),
     )
     cfg = resolve_config(
         config_path, agent, backend, engine, optimizer, verifier, sets, only_plugins=("engine",)

@@ -70,6 +70,12 @@ def register_engines(register: Register) -> None:
 
 
 @hookspec
+def register_tool_parsers(register: Register) -> None:
+    """Register tool-call parsers (``[proxy] tool_parser``), implementing
+    ``slr.proxy.toolparse.ToolParser``; the factory takes no arguments."""
+
+
+@hookspec
 def register_commands(cli: click.Group) -> None:
     """Add sub-commands to the ``slr`` click group ``cli`` (``cli.add_command(...)``)."""
 

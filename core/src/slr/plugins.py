@@ -25,7 +25,10 @@ from slr.errors import PluginError, UnknownPluginError
 ENTRY_POINT_GROUP = "slr"
 #: Plugin modules inside slr-core, registered by every manager before the entry points:
 #: what every installation (and the core's own tests) needs, with no other distribution.
-BUILTIN_PLUGINS: tuple[str, ...] = ("slr.builtin_plugins.model_free_agents",)
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "slr.builtin_plugins.model_free_agents",
+    "slr.builtin_plugins.tool_parsers",
+)
 CORE_DISTRIBUTION = "slr-core"
 
 
@@ -59,6 +62,12 @@ KINDS: dict[str, Kind] = {
             dist_prefix="slr-optimizer-",
         ),
         Kind(key="engine", hook="register_engines", noun="engine", dist_prefix="slr-engine-"),
+        Kind(
+            key="tool_parser",
+            hook="register_tool_parsers",
+            noun="tool parser",
+            dist_prefix="slr-toolparsers-",
+        ),
     )
 }
 

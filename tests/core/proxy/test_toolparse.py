@@ -1,8 +1,10 @@
+import attrs
 import pytest
 
+from slr import hookimpl
 from slr.errors import ConfigError
 from slr.proxy.messages import Tool, ToolCall
-from slr.proxy.toolparse import HermesParser, get_tool_parser
+from slr.proxy.toolparse import HermesParser, get_tool_parser, tool_parser_names
 
 TOOLS = [Tool(name="bash", parameters={"type": "object"})]
 
@@ -60,3 +62,32 @@ def test_rendered_call_parses_back():
 def test_unknown_parser_names_the_known_ones():
     with pytest.raises(ConfigError, match="hermes"):
         get_tool_parser("nonesuch")
+
+
+def test_a_plugin_registers_a_parser_the_proxy_config_names(slr_plugins):
+    class UpperParser(HermesParser):
+        """A stand-in family: hermes calls with the tool name upper-cased."""
+
+        def parse(self, text, tools):
+            parsed = super().parse(text, tools)
+            return attrs.evolve(
+                parsed,
+                tool_calls=tuple(attrs.evolve(c, name=c.name.upper()) for c in parsed.tool_calls),
+            )
+
+    class Plugin:
+        @hookimpl
+        def register_tool_parsers(self, register):
+            register("upper", UpperParser)
+
+    slr_plugins.register(Plugin(), name="upper", distribution="slr-toolparsers-upper")
+    assert "upper" in tool_parser_names()
+    parser = get_tool_parser("upper")
+    text = HermesParser().render_calls("", [ToolCall(id="c", name="bash", arguments={})])
+    assert [c.name for c in parser.parse(text, TOOLS).tool_calls] == ["BASH"]
+
+
+def test_qwen_names_the_two_formats_it_could_mean():
+    with pytest.raises(ConfigError) as err:
+        get_tool_parser("qwen")
+    assert "hermes" in str(err.value) and "qwen3_coder" in str(err.value)

@@ -8,6 +8,8 @@ def register_agents(register):
     from slr_adapter_terminus.adapter import TerminusConfig
 
     register("terminus", "slr_adapter_terminus.adapter:Terminus", config_cls=TerminusConfig)
+    # Harbor's name for the same agent.
+    register("terminus-2", "slr_adapter_terminus.adapter:Terminus", config_cls=TerminusConfig)
 
 
 @hookimpl

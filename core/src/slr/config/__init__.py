@@ -117,7 +117,9 @@ class ProxySection:
     )
     tool_parser: str = option(
         "hermes",
-        doc="Parser for the model's native tool-call syntax (hermes: <tool_call>{json}</tool_call>, as Qwen).",
+        doc="Parser for the model's native tool-call syntax, by vLLM's --tool-call-parser "
+        "names: hermes (<tool_call>{json}</tool_call>: Qwen2.5, Qwen3), qwen3_coder, glm45, "
+        "kimi_k2, openai, ... (slr-toolparsers-verl; the table in docs/proxy.md).",
     )
     max_body_bytes: int = option(
         8 * 1024 * 1024, doc="Largest request body accepted.", validator=validators.ge(1024)

@@ -7,7 +7,7 @@ docs/proxy.md for endpoints, capture semantics and what is accepted and ignored.
 
 from slr.proxy.errors import ApiError
 from slr.proxy.server import Proxy, ProxySessions, ProxyThread, Session
-from slr.proxy.toolparse import ToolParser, get_tool_parser, register_tool_parser
+from slr.proxy.toolparse import ToolParser, get_tool_parser, tool_parser_names
 
 __all__ = [
     "ApiError",
@@ -17,5 +17,5 @@ __all__ = [
     "Session",
     "ToolParser",
     "get_tool_parser",
-    "register_tool_parser",
+    "tool_parser_names",
 ]

@@ -109,6 +109,30 @@ class Renderer:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def single_token(self, text: str) -> int | None:
+        """The id of ``text`` when the tokenizer has it as one token (a special or added
+        token, such as a tool-call marker), else None."""
+        ids = self.encode(text)
+        return ids[0] if len(ids) == 1 and self.decode(ids) == text else None
+
+    def strip_special(self, text: str) -> str:
+        """``text`` without the special tokens' text (what the agent is shown of a reply
+        that was decoded with them for the tool parser)."""
+        for token in self._special_texts:
+            text = text.replace(token, "")
+        return text
+
+    @property
+    def _special_texts(self) -> list[str]:
+        found = getattr(self, "_special_cache", None)
+        if found is None:
+            added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+            texts = set(self.tokenizer.all_special_tokens)
+            texts.update(t.content for t in added.values() if getattr(t, "special", False))
+            found = sorted((t for t in texts if t), key=len, reverse=True)
+            self._special_cache = found
+        return found
+
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
 

@@ -140,6 +140,11 @@ class Completer:
         self.parser = parser
         self.defaults = defaults
         self.honor_client_sampling = honor_client_sampling
+        # Families that keep generating after a call (gemma4) name the token to stop on.
+        markers = getattr(parser, "stop_markers", ())
+        extra = {renderer.single_token(m) for m in markers}
+        self.stop_token_ids = tuple(sorted(renderer.stop_token_ids | (extra - {None})))
+        self.special_tokens = bool(getattr(parser, "special_tokens", False))
 
     def count(self, state: SessionState, messages: Sequence[Message], tools: Sequence[Tool]) -> int:
         return len(state.accumulator.prepare(messages, tools).prompt_ids)
@@ -176,7 +181,7 @@ class Completer:
                 if req.parse_tools and req.tools
                 else None
             )
-            visible = _Visible(self.renderer, req.stop, marker)
+            visible = _Visible(self.renderer, req.stop, marker, special=self.special_tokens)
             collector = ChunkCollector()
             chunks = self.engine.stream(prepared.prompt_ids, sampling, session_id=state.token)
             shown = ""
@@ -233,7 +238,7 @@ class Completer:
             top_k=req.top_k if honor and req.top_k is not None else d.top_k,
             max_tokens=max(1, min(req.max_tokens or d.max_tokens, d.max_tokens, room)),
             stop=req.stop,
-            stop_token_ids=tuple(sorted(self.renderer.stop_token_ids)),
+            stop_token_ids=self.stop_token_ids,
             seed=d.seed if req.seed is None else req.seed,
         )
         return prepared, sampling
@@ -289,17 +294,24 @@ class Completer:
         ids = list(gen.token_ids)
         stopped_on_token = bool(ids) and ids[-1] in self.renderer.stop_token_ids
         shown = ids[:-1] if stopped_on_token else ids
-        text = self.renderer.decode(shown, skip_special=True)
+        parse = bool(req.parse_tools and req.tools)
+        # A family whose markup is in special tokens is parsed from the text with them kept,
+        # its final token included (gpt-oss's <|call|> closes a call); the agent is shown the
+        # content without them.
+        special = parse and self.special_tokens
+        text = self.renderer.decode(ids if special else shown, skip_special=not special)
         stop_sequence = None
         cut = [(text.find(s), s) for s in req.stop if s and s in text]
         if cut:
             at, stop_sequence = min(cut)
             text = text[:at]
-        if req.parse_tools and req.tools:
+        if parse:
             parsed = self.parser.parse(text, req.tools)
             content, calls = parsed.content, parsed.tool_calls
         else:
             content, calls = text, ()
+        if special:
+            content = self.renderer.strip_special(content)
         if calls:
             finish: Finish = "tool_calls"
         elif stop_sequence is not None:
@@ -334,12 +346,19 @@ class _Visible:
     """The part of a live generation's text that is final: not inside or possibly the
     start of a stop string or a tool call, and not a partly decoded character."""
 
-    def __init__(self, renderer: Renderer, stops: Sequence[str], marker: str | None) -> None:
+    def __init__(
+        self, renderer: Renderer, stops: Sequence[str], marker: str | None, *, special: bool
+    ) -> None:
         self.renderer = renderer
+        # A marker that is one special token never shows in the text decoded without
+        # special tokens: find it among the ids instead.
+        self.marker_id = renderer.single_token(marker) if marker and special else None
         self.cuts = [s for s in (*stops, marker or "") if s]
         self.hold = max((len(s) for s in self.cuts), default=1) - 1
 
     def text(self, ids: Sequence[int]) -> str:
+        if self.marker_id is not None and self.marker_id in ids:
+            ids = ids[: list(ids).index(self.marker_id)]
         text = self.renderer.decode(ids, skip_special=True)
         end = len(text.rstrip("\ufffd")) - self.hold
         for cut in self.cuts:

