@@ -87,13 +87,26 @@ def reach(metrics: list[dict[str, Any]], *, goal: float = 0.8, window: int = 3):
 
 def heldout_pass1(run: RunDir, out: Path) -> float | None:
     res = subprocess.run(
-        [str(Path(sys.executable).with_name("slr")), "eval", "-c", str(QUICKSTART / "slr.toml"),
-         "--tasks", str(QUICKSTART / "tasks" / "heldout"), "-k", "4",
-         "--checkpoint", str(run.path), "--output", str(out), "--json"],
-        capture_output=True, text=True,
+        [
+            str(Path(sys.executable).with_name("slr")),
+            "eval",
+            "-c",
+            str(QUICKSTART / "slr.toml"),
+            "--tasks",
+            str(QUICKSTART / "tasks" / "heldout"),
+            "-k",
+            "4",
+            "--checkpoint",
+            str(run.path),
+            "--output",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
     )
     try:
-        return float(json.loads(res.stdout)["pass@1"])
+        return float(json.loads(res.stdout)["pass_at"]["1"])
     except (ValueError, KeyError):
         print(res.stderr[-2000:], file=sys.stderr)
         return None
@@ -114,8 +127,13 @@ def one(args, name: str, tasks: Path, mode: str, work: Path, *, quick: bool) -> 
     if name == "quickstart" and not quick:
         pass1 = heldout_pass1(run, work / name / f"eval-{mode}")
     return {
-        "set": name, "mode": mode, "wall_s": wall, "trials_trained": trained,
-        "trials_per_hour": trained / wall * 3600, "reach_step": step, "reach_s": reach_s,
+        "set": name,
+        "mode": mode,
+        "wall_s": wall,
+        "trials_trained": trained,
+        "trials_per_hour": trained / wall * 3600,
+        "reach_step": step,
+        "reach_s": reach_s,
         "heldout_pass1": pass1,
     }
 
@@ -147,13 +165,17 @@ def main() -> None:
                 continue
             for mode in ("sync", "async"):
                 rows.append(one(args, name, tasks, mode, work, quick=args.quick))
-    print(f"{'set':<11} {'mode':<6} {'wall s':>8} {'trials':>6} {'trials/h':>9} "
-          f"{'reach step':>10} {'reach s':>8} {'pass@1':>7}")
+    print(
+        f"{'set':<11} {'mode':<6} {'wall s':>8} {'trials':>6} {'trials/h':>9} "
+        f"{'reach step':>10} {'reach s':>8} {'pass@1':>7}"
+    )
     for r in rows:
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-        print(f"{r['set']:<11} {r['mode']:<6} {r['wall_s']:>8.1f} {r['trials_trained']:>6} "
-              f"{r['trials_per_hour']:>9.0f} {fmt(r['reach_step'], 'd'):>10} "
-              f"{fmt(r['reach_s'], '.1f'):>8} {fmt(r['heldout_pass1'], '.2f'):>7}")
+        print(
+            f"{r['set']:<11} {r['mode']:<6} {r['wall_s']:>8.1f} {r['trials_trained']:>6} "
+            f"{r['trials_per_hour']:>9.0f} {fmt(r['reach_step'], 'd'):>10} "
+            f"{fmt(r['reach_s'], '.1f'):>8} {fmt(r['heldout_pass1'], '.2f'):>7}"
+        )
     ratios = {}
     for name in {r["set"] for r in rows}:
         by = {r["mode"]: r for r in rows if r["set"] == name}

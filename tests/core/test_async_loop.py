@@ -68,11 +68,20 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 def data(tmp_path: Path, model: Path, *, steps: int, agent: str = "oracle", **rollout) -> dict:
     return {
-        "run": {"name": "async", "runs_dir": str(tmp_path / "runs"), "steps": steps,
-                "mode": "async"},
+        "run": {
+            "name": "async",
+            "runs_dir": str(tmp_path / "runs"),
+            "steps": steps,
+            "mode": "async",
+        },
         "tasks": {"path": str(TASKS), "include": INCLUDE},
-        "rollout": {"tasks_per_step": 2, "n_per_task": 2, "concurrency": 2, "max_tokens": 8,
-                    **rollout},
+        "rollout": {
+            "tasks_per_step": 2,
+            "n_per_task": 2,
+            "concurrency": 2,
+            "max_tokens": 8,
+            **rollout,
+        },
         "agent": {"name": agent},
         "backend": {"name": "local"},
         "engine": {"name": "hf", "model": str(model)},
@@ -101,14 +110,20 @@ def test_group_ids_are_deterministic_and_parse_back():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("k", [0, 1])
 def test_staleness_bound_on_the_recorded_token_versions(tmp_path, tiny_model_dir, slr_plugins, k):
     slr_plugins.register(CallingOraclePlugin(), name="calling-oracle")
     steps = 3
     cfg = load_config(
-        data=data(tmp_path, tiny_model_dir, steps=steps, agent="calling-oracle",
-                  max_staleness=k, concurrency=4),
+        data=data(
+            tmp_path,
+            tiny_model_dir,
+            steps=steps,
+            agent="calling-oracle",
+            max_staleness=k,
+            concurrency=4,
+        ),
         plugins=get_plugin_manager(),
     )
     run = train(cfg)
@@ -131,12 +146,18 @@ def test_staleness_bound_on_the_recorded_token_versions(tmp_path, tiny_model_dir
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(300)
 def test_dynamic_sampling_replaces_groups_without_signal(tmp_path, tiny_model_dir):
     # the oracle passes every trial: every group's rewards are all equal (no signal)
     cfg = load_config(
-        data=data(tmp_path, tiny_model_dir, steps=2, max_staleness=0,
-                  dynamic_sampling=True, max_oversample=1),
+        data=data(
+            tmp_path,
+            tiny_model_dir,
+            steps=2,
+            max_staleness=0,
+            dynamic_sampling=True,
+            max_oversample=1,
+        ),
         plugins=get_plugin_manager(),
     )
     run = train(cfg)
@@ -156,7 +177,7 @@ def write_config(path: Path, model: Path, *, steps: int) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 def test_sigkill_then_resume_trains_no_group_twice(tmp_path, tiny_model_dir):
     steps = 4
     cfg = write_config(tmp_path / "run.toml", tiny_model_dir, steps=steps)
@@ -186,8 +207,9 @@ def test_sigkill_then_resume_trains_no_group_twice(tmp_path, tiny_model_dir):
     (path,) = list(runs.iterdir())
     before = {p.name: p.read_bytes() for p in (path / "trials").glob("*.json")}
 
-    res = subprocess.run([SLR, "run", "--resume", str(path)], capture_output=True, text=True,
-                         timeout=200)
+    res = subprocess.run(
+        [SLR, "run", "--resume", str(path)], capture_output=True, text=True, timeout=200
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     run = RunDir.open(path)
     assert [m["step"] for m in run.metrics()] == list(range(1, steps + 1))

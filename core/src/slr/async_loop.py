@@ -95,8 +95,7 @@ def group_specs(tasks: Sequence[Task], *, seed: int, seq: int, n: int) -> list[T
     task = task_of_group(tasks, seed=seed, seq=seq)
     gid = async_group_id(seq, task)
     return [
-        TrialSpec(task=task, trial_id=async_trial_id(seq, task, k), group_id=gid)
-        for k in range(n)
+        TrialSpec(task=task, trial_id=async_trial_id(seq, task, k), group_id=gid) for k in range(n)
     ]
 
 
@@ -238,9 +237,7 @@ class AsyncLoop(Loop):
             self._groups.add(task)
             task.add_done_callback(self._groups.discard)
 
-    async def _run_group(
-        self, group: Group, runner: TrialRunner, sem: asyncio.Semaphore
-    ) -> None:
+    async def _run_group(self, group: Group, runner: TrialRunner, sem: asyncio.Semaphore) -> None:
         async def one(spec: TrialSpec) -> TrialResult:
             try:
                 async with sem:
@@ -298,9 +295,7 @@ class AsyncLoop(Loop):
         t1 = time.monotonic()
         trials = [t for g in batch for t in g.trials]
         ages = [step - 1 - v for t in trials for v in token_versions(t)]
-        metrics: dict[str, Any] = dict(
-            await asyncio.to_thread(self.parts.optimizer.step, trials)
-        )
+        metrics: dict[str, Any] = dict(await asyncio.to_thread(self.parts.optimizer.step, trials))
         t2 = time.monotonic()
         in_flight = self.pending_trials
         try:
@@ -371,4 +366,3 @@ class AsyncLoop(Loop):
                 # one failure, not a group of them, for the caller (the first is the cause)
                 raise group.exceptions[0] from None
         return "completed"
-

@@ -30,7 +30,6 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
