@@ -16,10 +16,11 @@ import pytest
 
 from slr import checkpoints, hookimpl
 from slr.config import load_config
-from slr.loop import Loop, group_id, step_specs, train, trial_id
+from slr.loop import Loop, group_id, step_specs, trial_id
 from slr.plugins import get_plugin_manager
 from slr.runs import RunDir
 from slr.tasks import load_tasks
+from slr.training import train
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "tasks"

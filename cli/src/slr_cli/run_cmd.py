@@ -39,10 +39,10 @@ def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume) 
     else:
         cfg = resolve_config(config_path, agent, backend, engine, optimizer, verifier, sets)
     try:
-        from slr.loop import train  # the synchronous loop (rollout, update, sync)
+        from slr.training import train  # the sync or async loop, as run.mode says
     except ImportError:
         raise SlrError(
-            "this build of slr-core has no training loop yet (slr.loop); the config above "
+            "this build of slr-core has no training loop yet (slr.training); the config above "
             "is valid. Use `slr config show` to inspect it."
         ) from None
     train(cfg, resume=resume)

@@ -5,7 +5,8 @@
     runs/<run-id>/checkpoints/
       step-000012/          one folder per checkpointed step (``checkpoint_dir``)
         ...                 whatever the optimizer's ``save`` writes
-        loop.json           the loop's state: step, the step's metrics, servable weights
+        loop.json           the loop's state: step, the step's metrics, servable weights,
+                            the groups trained so far (async loop)
         COMPLETE            written last, after every other file is fsynced
       step-000013.partial/  a checkpoint being written (renamed into place when done)
 
@@ -26,7 +27,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,9 @@ class LoopState:
     metrics: Mapping[str, Any] = attrs.field(factory=dict)
     servable_weights: str | None = None
     """The served model folder, relative to the checkpoint folder; None if there is none."""
+    trained_groups: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """Every group id trained on up to this checkpoint (the async loop: nothing is trained
+    twice after a resume); empty for the synchronous loop, whose steps say it."""
 
 
 def write_checkpoint(
@@ -91,6 +95,7 @@ def write_checkpoint(
     save: Callable[[Path], None],
     metrics: Mapping[str, Any],
     servable_weights: Callable[[Path], Path | None] | None = None,
+    trained_groups: Sequence[str] = (),
 ) -> Path:
     """Write step ``step``'s checkpoint: ``save(folder)`` fills it, then the state and marker.
 
@@ -104,11 +109,13 @@ def write_checkpoint(
     tmp.mkdir(parents=True)
     save(tmp)
     servable = servable_weights(tmp) if servable_weights is not None else None
-    state = {
+    state: dict[str, Any] = {
         "step": step,
         "metrics": dict(metrics),
         "servable_weights": None if servable is None else str(Path(servable).relative_to(tmp)),
     }
+    if trained_groups:
+        state["trained_groups"] = list(trained_groups)
     # The step's metrics travel with the checkpoint: a kill between the checkpoint and the
     # metrics line loses neither (resume writes the line back).
     atomic_write(tmp / STATE, json.dumps(state, sort_keys=True, default=str))
@@ -127,6 +134,7 @@ def read_state(path: Path) -> LoopState:
             step=int(raw["step"]),
             metrics=raw.get("metrics", {}),
             servable_weights=raw.get("servable_weights"),
+            trained_groups=raw.get("trained_groups", ()),
         )
     except (OSError, ValueError, KeyError):
         found = _STEP.fullmatch(Path(path).name)

@@ -30,7 +30,6 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -38,10 +37,10 @@ import structlog
 
 from slr import checkpoints
 from slr import log as slr_log
-from slr.config import PLUGIN_SECTIONS, Config, load_config
+from slr.config import PLUGIN_SECTIONS, Config
 from slr.contracts import TrialResult
 from slr.errors import UsageError
-from slr.plugins import PluginManager, get_plugin_manager
+from slr.plugins import PluginManager
 from slr.rollout import RolloutSession, TrialSpec, emit
 from slr.runs import RunDir, atomic_write
 from slr.tasks import Task, load_tasks
@@ -131,25 +130,37 @@ class Loop:
     def restore(self) -> None:
         """Load the newest complete checkpoint and discard what came after it."""
         ckpt = checkpoints.latest_checkpoint(self.run)
-        done, metrics = 0, {}
+        state = checkpoints.LoopState(step=0)
         if ckpt is not None:
             state = checkpoints.read_state(ckpt)
-            done, metrics = state.step, dict(state.metrics)
             self.parts.optimizer.load(ckpt)
+        done = state.step
         self.start_step = done + 1
+        self._restore_state(state)
         self._discard_after(done)
         if done and done not in {m["step"] for m in self.run.metrics()}:
-            self.run.append_metrics(done, metrics)
+            self.run.append_metrics(done, dict(state.metrics))
         self.run.append_event("resumed", from_step=self.start_step, checkpoint=str(ckpt))
+
+    def _restore_state(self, state: checkpoints.LoopState) -> None:
+        """What a loop keeps in ``loop.json`` beyond the step (the sync loop: nothing)."""
 
     def _discard_after(self, done: int) -> None:
         stale = [t for t in self.run.trials() if t.step is not None and t.step > done + 1]
-        if stale:
-            dest = self.run.path / "trials" / "discarded"
-            dest.mkdir(exist_ok=True)
-            for t in stale:
-                shutil.move(self.run.path / "trials" / f"{t.trial_id}.json", dest)
-            self.run.append_event("discarded_trials", count=len(stale), after_step=done + 1)
+        self._discard_trials(stale, after_step=done + 1)
+        self._drop_metrics_after(done)
+
+    def _discard_trials(self, trials: Sequence[TrialResult], *, after_step: int) -> None:
+        """Move trials made by weights that no longer exist to ``trials/discarded/``."""
+        if not trials:
+            return
+        dest = self.run.path / "trials" / "discarded"
+        dest.mkdir(exist_ok=True)
+        for t in trials:
+            shutil.move(self.run.path / "trials" / f"{t.trial_id}.json", dest)
+        self.run.append_event("discarded_trials", count=len(trials), after_step=after_step)
+
+    def _drop_metrics_after(self, done: int) -> None:
         metrics = self.run.metrics()
         if any(m["step"] > done for m in metrics):
             kept = "".join(
@@ -183,19 +194,36 @@ class Loop:
                 "time/sync_s": t3 - t2,
             }
         )
-        if step % self.config.run.checkpoint_every == 0 or step == self.config.run.steps:
-            optimizer = self.parts.optimizer
-            await asyncio.to_thread(
-                checkpoints.write_checkpoint,
-                self.run,
-                step,
-                save=optimizer.save,
-                metrics=metrics,
-                servable_weights=optimizer.servable_weights,
-            )
-            metrics["time/checkpoint_s"] = time.monotonic() - t3
+        await self.checkpoint(step, metrics)
         metrics["time/step_s"] = time.monotonic() - t0
         return metrics
+
+    async def checkpoint(self, step: int, metrics: dict[str, Any], **state: Any) -> None:
+        """Write step ``step``'s checkpoint if one is due (``run.checkpoint_every``).
+
+        ``state`` goes to ``checkpoints.write_checkpoint`` (``trained_groups``).
+        """
+        if step % self.config.run.checkpoint_every and step != self.config.run.steps:
+            return
+        t0 = time.monotonic()
+        optimizer = self.parts.optimizer
+        await asyncio.to_thread(
+            checkpoints.write_checkpoint,
+            self.run,
+            step,
+            save=optimizer.save,
+            metrics=metrics,
+            servable_weights=optimizer.servable_weights,
+            **state,
+        )
+        metrics["time/checkpoint_s"] = time.monotonic() - t0
+
+    def finish_step(self, step: int, metrics: dict[str, Any]) -> None:
+        """The step's metrics line, made durable, logged and announced."""
+        self.run.append_metrics(step, metrics)
+        self.run.sync()
+        log.info("step done", step=step, reward_mean=metrics.get("reward/mean"))
+        emit(self.plugins, "on_step_finished", run_dir=self.run, step=step, metrics=metrics)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -223,36 +251,5 @@ class Loop:
             for step in range(self.start_step, cfg.run.steps + 1):
                 with slr_log.bound(step=step):
                     metrics = await self.step(step, session)
-                self.run.append_metrics(step, metrics)
-                self.run.sync()
-                log.info("step done", step=step, reward_mean=metrics.get("reward/mean"))
-                emit(self.plugins, "on_step_finished", run_dir=self.run, step=step, metrics=metrics)
+                self.finish_step(step, metrics)
         return "completed"
-
-
-def train(config: Config | None, *, resume: Path | None = None) -> RunDir:
-    """``slr run``: a new run from ``config``, or continue the run in ``resume``."""
-    plugins = get_plugin_manager()
-    if resume is not None:
-        run = RunDir.open(resume)
-        config = load_config(run.path / RunDir.CONFIG, plugins=plugins)
-    else:
-        assert config is not None
-        run = RunDir.create(config.run.runs_dir, config.run.name, config.to_toml())
-    slr_log.bind(run_id=run.id)
-    loop = Loop(config, run, plugins)
-    if resume is not None:
-        loop.restore()
-    run.append_event("started", resumed=resume is not None, step=loop.start_step)
-    emit(plugins, "on_run_started", run_dir=run, config=config)
-    status = "failed"
-    try:
-        status = asyncio.run(loop.main())
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        run.append_event("finished", status=status)
-        run.close()
-        emit(plugins, "on_run_finished", run_dir=run, status=status)
-    return run

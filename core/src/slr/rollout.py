@@ -8,10 +8,16 @@ context manager:
 - entering it removes the sandboxes a dead process left (``cleanup_orphans``), prepares
   every task's environment once, and starts the proxy in front of the engine (without an
   engine, agents that call no model get stand-in sessions);
-- ``run(specs)`` runs a list of ``TrialSpec`` (task, trial id, group, step) with at most
-  ``concurrency`` at once and returns their ``TrialResult`` in spec order. A spec whose trial
-  id is already recorded in the run directory is not run again: its record is read back, so
-  a resumed run or eval re-runs only what has no record;
+- ``run_one(spec)`` runs one ``TrialSpec`` (task, trial id, group, step), records it and
+  returns its ``TrialResult``; it bounds nothing, the caller decides how many run at once.
+  A spec whose trial id is already recorded in the run directory is not run again: its
+  record is read back, so a resumed run or eval re-runs only what has no record. This is
+  the whole per-trial interface a loop needs (``TrialRunner``): the asynchronous loop
+  (``slr.async_loop``) talks to the session through it alone, and a remote rollout pool
+  (workers on other machines sending their records back to the one writer of the run
+  directory) is a drop-in replacement that implements it;
+- ``run(specs)`` is ``run_one`` over a list with at most ``concurrency`` at once, results
+  in spec order (what the synchronous loop and ``slr eval`` use);
 - every finished trial goes through ``record``, the only recording path: it is written to
   the run directory, logged and announced through ``on_trial_finished`` (a failing hook is
   logged, never stops the run). A cancelled trial is not recorded, so resume runs it;
@@ -27,7 +33,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import structlog
@@ -54,6 +60,19 @@ class TrialSpec:
     step: int | None = None
 
 
+class TrialRunner(Protocol):
+    """What a loop needs to run trials: one spec in, its recorded result out.
+
+    ``run_one`` runs the spec (or reads back its record if the trial id is already
+    recorded), records it exactly once in the run directory and returns it. It may be
+    called many times at once; bounding concurrency is the caller's job. Cancelling the
+    call ends the trial without recording it. ``RolloutSession`` is the in-process
+    implementation; a pool of remote rollout workers implements the same method.
+    """
+
+    async def run_one(self, spec: TrialSpec) -> TrialResult: ...
+
+
 def emit(plugins: PluginManager, hook: str, **kwargs: Any) -> None:
     """Event hooks never stop a run: a failing logger is logged and skipped."""
     try:
@@ -73,8 +92,10 @@ class RolloutSession:
 
     ``engine`` may be None (agents that call no model); ``backend``, ``agent`` and
     ``verifier`` may be None when no trial is run (``slr serve``). ``weights_version`` says
-    which weights a finished trial was generated with (default: the engine's current
-    version). The session closes every part it is given when it is left.
+    which weights a trial starts under, recorded as its ``weights_version`` (default: the
+    engine's current version when the trial starts; with partial weight updates later
+    tokens may carry newer versions, which its segments record per token). The session
+    closes every part it is given when it is left.
     """
 
     def __init__(
@@ -159,8 +180,7 @@ class RolloutSession:
         self, specs: Sequence[TrialSpec], *, label: str | None = None
     ) -> list[TrialResult]:
         """Run the specs that have no record yet; every spec's result, in spec order."""
-        if self._stack is None:
-            raise RuntimeError("RolloutSession.run needs the session entered (async with)")
+        self._require_entered()
         ids = [s.trial_id for s in specs]
         if len(set(ids)) != len(ids):
             twice = sorted({i for i in ids if ids.count(i) > 1})
@@ -171,12 +191,25 @@ class RolloutSession:
         done = {r.trial_id: r for r in finished}
         return [done[i] if i in done else self.run_dir.trial(i) for i in ids]
 
+    async def run_one(self, spec: TrialSpec) -> TrialResult:
+        """Run one spec and record it (or read back its record); see ``TrialRunner``."""
+        self._require_entered()
+        if self.run_dir.has_trial(spec.trial_id):
+            return self.run_dir.trial(spec.trial_id)
+        return await self._job(spec)()
+
+    def _require_entered(self) -> None:
+        if self._stack is None or self.sessions is None:
+            raise RuntimeError("RolloutSession runs trials only inside `async with` it")
+
     def _job(self, spec: TrialSpec):
         sessions = self.sessions
         if sessions is None:
             raise RuntimeError("RolloutSession.run is for inside `async with RolloutSession(...)`")
 
         async def job() -> TrialResult:
+            # the version the trial starts under: the oldest any of its tokens can carry
+            version = self.weights_version()
             result = await run_trial(
                 spec.task,
                 backend=self.backend,
@@ -189,7 +222,7 @@ class RolloutSession:
                 group_id=spec.group_id,
                 step=spec.step,
             )
-            return self.record(attrs.evolve(result, weights_version=self.weights_version()))
+            return self.record(attrs.evolve(result, weights_version=version))
 
         return job
 

@@ -162,6 +162,9 @@ class RunDir:
     def trial_ids(self) -> set[str]:
         return {p.stem for p in (self.path / "trials").glob("*.json")}
 
+    def has_trial(self, trial_id: str) -> bool:
+        return (self.path / "trials" / f"{trial_id}.json").is_file()
+
     def trial(self, trial_id: str) -> TrialResult:
         """The record of one trial (``FileNotFoundError`` if it has none)."""
         path = self.path / "trials" / f"{trial_id}.json"

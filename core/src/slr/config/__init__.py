@@ -54,6 +54,13 @@ class RunSection:
     checkpoint_every: int = option(
         1, doc="Write a checkpoint every N steps.", validator=validators.ge(1)
     )
+    mode: Literal["sync", "async"] = option(
+        "sync",
+        doc="'sync': each step rolls out its groups, then trains, then syncs the weights. "
+        "'async': rollout keeps `rollout.concurrency` trials in flight while the trainer "
+        "steps on finished groups and pushes weights mid-generation (partial rollout); "
+        "staleness is bounded by `rollout.max_staleness`. See docs/training.md.",
+    )
 
 
 @frozen(kw_only=True)
@@ -84,6 +91,29 @@ class RolloutSection:
     )
     max_tokens: int = option(
         512, doc="Most tokens the policy may generate per model call.", validator=validators.ge(1)
+    )
+    max_staleness: int = option(
+        1,
+        doc="Async mode: how many weight versions older than the weights being updated a "
+        "trained token may be. Rollout does not start a group that could exceed it; 0 is "
+        "on-policy training.",
+        validator=validators.ge(0),
+    )
+    on_stale: Literal["drop", "keep"] = option(
+        "drop",
+        doc="Async mode: a finished group that still exceeds max_staleness (overtaken by "
+        "faster groups) is dropped ('drop') or trained anyway ('keep'); counted either way.",
+    )
+    dynamic_sampling: bool = option(
+        False,
+        doc="Leave out groups whose rewards are all equal (no GRPO signal) and roll out "
+        "extra groups in their place, at most `max_oversample` per step.",
+    )
+    max_oversample: int = option(
+        2,
+        doc="With dynamic_sampling: most extra groups rolled out per step to replace "
+        "groups without signal.",
+        validator=validators.ge(0),
     )
 
 

@@ -1,0 +1,192 @@
+"""Sync vs async training, side by side in one run: throughput and time to reach a pass rate.
+
+    .venv/bin/python bench/async_vs_sync.py --quick          # minutes: tiny model, oracle
+    .venv/bin/python bench/async_vs_sync.py                  # the CPU quickstart, twice (hours)
+    .venv/bin/python bench/async_vs_sync.py --steps 4 --json out.json
+
+Two task sets, each trained twice (``run.mode = "sync"`` then ``"async"``) with the same
+config, model and number of trained trials (``steps`` x ``tasks_per_step`` x ``n_per_task``):
+
+1. ``quickstart``: examples/quickstart/tasks/train with the quickstart's config
+   (SmolLM2-135M, mini-swe-agent); held-out pass@1 of both trained checkpoints is measured
+   with ``slr eval`` on examples/quickstart/tasks/heldout. ``--quick`` swaps in a tiny
+   random model and the ``oracle`` agent, so it measures the loops' overheads only (and
+   skips the held-out evaluation: the oracle's pass@1 is 1 by construction).
+2. ``long-tail``: tasks the bench writes itself, copies of the hello-world task whose
+   solution waits on a tool (``sleep``, not CPU); one task in four waits 10x longer. The
+   synchronous loop waits for the slowest trial of every step; the asynchronous one keeps
+   its slots busy. Goal: >= 2x trials per hour.
+
+Reported per run: wall time, trials per hour (trained trials / wall), the first step at
+which a 3-step moving average of the training pass rate (``reward/pass_rate``) is >= 0.8
+and the wall time until then, held-out pass@1. Ratios are async / sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from slr.config import load_config
+from slr.plugins import get_plugin_manager
+from slr.runs import RunDir
+from slr.training import train
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart"
+HELLO = ROOT / "examples" / "tasks" / "hello-world"
+
+
+def long_tail_tasks(folder: Path, *, count: int, short_s: float) -> Path:
+    """``count`` hello-world copies; every fourth one's solution sleeps 10x longer."""
+    for i in range(count):
+        dest = folder / f"wait-{i:02d}"
+        shutil.copytree(HELLO, dest)
+        wait = short_s * (10 if i % 4 == 0 else 1)
+        (dest / "solution" / "solve.sh").write_text(
+            f"#!/bin/bash\nset -euo pipefail\nsleep {wait}\necho hello > /app/hello.txt\n"
+        )
+    return folder
+
+
+def config_data(args: argparse.Namespace, tasks: Path, runs: Path, mode: str, *, quick: bool):
+    import tomllib
+
+    data = tomllib.loads((QUICKSTART / "slr.toml").read_text())
+    data["run"].update(
+        name=mode, runs_dir=str(runs), steps=args.steps, mode=mode, checkpoint_every=args.steps
+    )
+    data["tasks"] = {"path": str(tasks)}
+    data["rollout"]["max_staleness"] = args.max_staleness
+    data["agent"]["config_file"] = str(QUICKSTART / "mini.yaml")
+    if quick:
+        data["agent"] = {"name": "oracle"}
+        data["engine"] = {"name": "hf", "model": str(args.tiny_model)}
+        data["rollout"].update(n_per_task=4, concurrency=8, max_tokens=8)
+    return data
+
+
+def reach(metrics: list[dict[str, Any]], *, goal: float = 0.8, window: int = 3):
+    """(step, wall seconds) at which the moving average of the pass rate first reaches goal."""
+    elapsed = 0.0
+    rates: list[float] = []
+    for m in metrics:
+        elapsed += m.get("time/step_s", 0.0)
+        rates.append(m.get("reward/pass_rate", 0.0))
+        if len(rates) >= window and sum(rates[-window:]) / window >= goal:
+            return m["step"], elapsed
+    return None, None
+
+
+def heldout_pass1(run: RunDir, out: Path) -> float | None:
+    res = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("slr")),
+            "eval",
+            "-c",
+            str(QUICKSTART / "slr.toml"),
+            "--tasks",
+            str(QUICKSTART / "tasks" / "heldout"),
+            "-k",
+            "4",
+            "--checkpoint",
+            str(run.path),
+            "--output",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    try:
+        return float(json.loads(res.stdout)["pass_at"]["1"])
+    except (ValueError, KeyError):
+        print(res.stderr[-2000:], file=sys.stderr)
+        return None
+
+
+def one(args, name: str, tasks: Path, mode: str, work: Path, *, quick: bool) -> dict[str, Any]:
+    runs = work / name / mode
+    cfg = load_config(
+        data=config_data(args, tasks, runs, mode, quick=quick), plugins=get_plugin_manager()
+    )
+    t0 = time.monotonic()
+    run = train(cfg)
+    wall = time.monotonic() - t0
+    metrics = run.metrics()
+    trained = sum(m.get("trials/total", 0) for m in metrics)
+    step, reach_s = reach(metrics)
+    pass1 = None
+    if name == "quickstart" and not quick:
+        pass1 = heldout_pass1(run, work / name / f"eval-{mode}")
+    return {
+        "set": name,
+        "mode": mode,
+        "wall_s": wall,
+        "trials_trained": trained,
+        "trials_per_hour": trained / wall * 3600,
+        "reach_step": step,
+        "reach_s": reach_s,
+        "heldout_pass1": pass1,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny model + oracle agent")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 10; quick 4)")
+    ap.add_argument("--max-staleness", type=int, default=1)
+    ap.add_argument("--tail-short-s", type=float, default=0.3, help="a short tool wait")
+    ap.add_argument("--only", choices=["quickstart", "long-tail"], default=None)
+    ap.add_argument("--json", dest="json_path", default=None)
+    args = ap.parse_args()
+    args.steps = args.steps or (4 if args.quick else 10)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="slr-bench-async-") as tmp:
+        work = Path(tmp)
+        if args.quick:
+            from slr_engine_hf import tiny
+
+            model, tok = tiny.tiny_model(hidden=32, layers=1)
+            args.tiny_model = tiny.save(model, tok, work / "tiny")
+        sets = {
+            "quickstart": QUICKSTART / "tasks" / "train",
+            "long-tail": long_tail_tasks(work / "tail", count=8, short_s=args.tail_short_s),
+        }
+        for name, tasks in sets.items():
+            if args.only and name != args.only:
+                continue
+            for mode in ("sync", "async"):
+                rows.append(one(args, name, tasks, mode, work, quick=args.quick))
+    print(
+        f"{'set':<11} {'mode':<6} {'wall s':>8} {'trials':>6} {'trials/h':>9} "
+        f"{'reach step':>10} {'reach s':>8} {'pass@1':>7}"
+    )
+    for r in rows:
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        print(
+            f"{r['set']:<11} {r['mode']:<6} {r['wall_s']:>8.1f} {r['trials_trained']:>6} "
+            f"{r['trials_per_hour']:>9.0f} {fmt(r['reach_step'], 'd'):>10} "
+            f"{fmt(r['reach_s'], '.1f'):>8} {fmt(r['heldout_pass1'], '.2f'):>7}"
+        )
+    ratios = {}
+    for name in {r["set"] for r in rows}:
+        by = {r["mode"]: r for r in rows if r["set"] == name}
+        if len(by) == 2:
+            ratios[name] = by["async"]["trials_per_hour"] / by["sync"]["trials_per_hour"]
+            print(f"{name}: async / sync trials per hour = {ratios[name]:.2f}x")
+    result = {"rows": rows, "async_over_sync_trials_per_hour": ratios, "quick": args.quick}
+    print(json.dumps(result))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

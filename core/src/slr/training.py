@@ -1,0 +1,47 @@
+"""``slr run``: start a run (or resume one) and drive it with the loop its config names.
+
+``run.mode = "sync"`` is ``slr.loop.Loop`` (roll out a step, train, sync); ``"async"`` is
+``slr.async_loop.AsyncLoop`` (rollout and training overlap, staleness bounded by admission).
+Both read and write the run directory the same way, so ``--resume`` works for either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from slr import log as slr_log
+from slr.async_loop import AsyncLoop
+from slr.config import Config, load_config
+from slr.loop import Loop
+from slr.plugins import get_plugin_manager
+from slr.rollout import emit
+from slr.runs import RunDir
+
+
+def train(config: Config | None, *, resume: Path | None = None) -> RunDir:
+    """``slr run``: a new run from ``config``, or continue the run in ``resume``."""
+    plugins = get_plugin_manager()
+    if resume is not None:
+        run = RunDir.open(resume)
+        config = load_config(run.path / RunDir.CONFIG, plugins=plugins)
+    else:
+        assert config is not None
+        run = RunDir.create(config.run.runs_dir, config.run.name, config.to_toml())
+    slr_log.bind(run_id=run.id)
+    loop = (AsyncLoop if config.run.mode == "async" else Loop)(config, run, plugins)
+    if resume is not None:
+        loop.restore()
+    run.append_event("started", resumed=resume is not None, step=loop.start_step)
+    emit(plugins, "on_run_started", run_dir=run, config=config)
+    status = "failed"
+    try:
+        status = asyncio.run(loop.main())
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        run.append_event("finished", status=status)
+        run.close()
+        emit(plugins, "on_run_finished", run_dir=run, status=status)
+    return run
