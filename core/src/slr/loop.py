@@ -38,6 +38,7 @@ import structlog
 
 from slr import checkpoints
 from slr import log as slr_log
+from slr.costs import cost_means
 from slr.config import PLUGIN_SECTIONS, Config, load_config
 from slr.contracts import TrialResult
 from slr.errors import UsageError
@@ -183,6 +184,7 @@ class Loop:
                 "time/sync_s": t3 - t2,
             }
         )
+        metrics.update(cost_means(trials))  # the trials' cost split, mean per trial
         if step % self.config.run.checkpoint_every == 0 or step == self.config.run.steps:
             optimizer = self.parts.optimizer
             await asyncio.to_thread(
