@@ -113,7 +113,13 @@ asyncio.run(main())
 @pytest.mark.timeout(60)
 def test_orphans_of_a_killed_pool_are_cleaned_at_the_next_start(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(_HOLDER), str(tmp_path), str(EXAMPLES / "hello-world")],
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(_HOLDER),
+            str(tmp_path),
+            str(EXAMPLES / "hello-world"),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -24,6 +24,7 @@ at once in one process).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -107,7 +108,7 @@ class CostMeter:
     def costs(self, clock: ModelClock | None, *, pool_start_s: float | None) -> TrialCosts:
         m = self.marks
         order = [p for p in ("sandbox_start", "agent", "verifier", "cleanup", "end") if p in m]
-        span = {p: m[q] - m[p] for p, q in zip(order, order[1:], strict=False)}
+        span = {p: m[q] - m[p] for p, q in itertools.pairwise(order)}
         agent = span.get("agent", 0.0)
         first = clock.first_call_at if clock is not None else None
         startup = agent if first is None else min(max(first - m["agent"], 0.0), agent)
@@ -187,6 +188,4 @@ def _mean(values: Iterable[float]) -> float:
 
 def phase_table(means: Mapping[str, float]) -> list[tuple[str, float, float | None]]:
     """``(phase, wall, cpu or None)`` rows from ``cost_means``' keys, in phase order."""
-    return [
-        (p, means.get(f"cost/wall/{p}_s", 0.0), means.get(f"cost/cpu/{p}_s")) for p in PHASES
-    ]
+    return [(p, means.get(f"cost/wall/{p}_s", 0.0), means.get(f"cost/cpu/{p}_s")) for p in PHASES]

@@ -38,9 +38,9 @@ import structlog
 
 from slr import checkpoints
 from slr import log as slr_log
-from slr.costs import cost_means
 from slr.config import PLUGIN_SECTIONS, Config, load_config
 from slr.contracts import TrialResult
+from slr.costs import cost_means
 from slr.errors import UsageError
 from slr.plugins import PluginManager, get_plugin_manager
 from slr.rollout import RolloutSession, TrialSpec, emit

@@ -68,9 +68,7 @@ class ProxyLink:
     @property
     def alive(self) -> bool:
         """Whether the link still forwards: started, not closed, its socket in place."""
-        return (
-            self._relay is not None and not self._relay.closed and self.socket_path.exists()
-        )
+        return self._relay is not None and not self._relay.closed and self.socket_path.exists()
 
     def close(self) -> None:
         """Stop forwarding and cut open connections (idempotent)."""

@@ -55,7 +55,7 @@ class DockerSandbox:
         self.proxy_port = proxy_port
         self.network: NetworkMode = "proxy-only"
         self._stopped = False
-        self._cgroup: Path | None | bool = False  # False: not looked up yet
+        self._cgroup: Path | bool | None = False  # False: not looked up yet
 
     def cpu_s(self) -> float | None:
         """CPU seconds of the container's cgroup (every process in it, execs included);
