@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slr.checkpoints import latest_checkpoint
+from slr.costs import PHASES, cost_means_by_step
 from slr.runs import RunDir
 
 
@@ -30,6 +31,12 @@ def summarize(run: RunDir) -> dict:
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "latest_checkpoint": checkpoint.name if checkpoint else None,
         "last_event": events[-1]["event"] if events else None,
+        "costs_per_step": {
+            ("-" if step is None else str(step)): means
+            for step, means in sorted(
+                cost_means_by_step(trials).items(), key=lambda kv: (kv[0] is None, kv[0] or 0)
+            )
+        },
     }
 
 
@@ -48,6 +55,32 @@ def status(run_dir: Path, as_json: bool) -> None:
         return
     table = Table(show_header=False, title=f"run {info['run_id']}")
     for key, value in info.items():
-        if key != "run_id":
+        if key not in ("run_id", "costs_per_step"):
             table.add_row(key.replace("_", " "), "-" if value is None else str(value))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if info["costs_per_step"]:
+        console.print(costs_table(info["costs_per_step"]))
+
+
+def costs_table(per_step: dict[str, dict[str, float]]) -> Table:
+    """Seconds per trial (mean) in each phase, wall / sandbox CPU, one row per step."""
+    table = Table(title="cost per trial, mean: wall s / sandbox CPU s (- not measured)")
+    table.add_column("step")
+    for phase in PHASES:
+        table.add_column(phase.replace("_", " "), justify="right")
+    table.add_column("fixed wall", justify="right")
+    table.add_column("pooled", justify="right")
+    for step, means in per_step.items():
+        cells = []
+        for phase in PHASES:
+            cpu = means.get(f"cost/cpu/{phase}_s")
+            wall = means.get(f"cost/wall/{phase}_s", 0.0)
+            cells.append(f"{wall:.2f} / " + ("-" if cpu is None else f"{cpu:.2f}"))
+        table.add_row(
+            step,
+            *cells,
+            f"{means['cost/fixed_wall_s']:.2f}",
+            f"{means['cost/pooled_fraction']:.0%}",
+        )
+    return table

@@ -56,6 +56,7 @@ import structlog
 from slr import checkpoints
 from slr import log as slr_log
 from slr.contracts import TrialResult
+from slr.costs import cost_means
 from slr.errors import UsageError
 from slr.loop import Loop
 from slr.rollout import TrialRunner, TrialSpec
@@ -333,6 +334,7 @@ class AsyncLoop(Loop):
                 "time/sync_s": t3 - t2,
             }
         )
+        metrics.update(cost_means(trials))  # the trials' cost split, mean per trial
         await self.checkpoint(step, metrics, trained_groups=sorted(self.trained))
         metrics["time/step_s"] = time.monotonic() - t0
         return metrics

@@ -39,6 +39,7 @@ from slr import checkpoints
 from slr import log as slr_log
 from slr.config import PLUGIN_SECTIONS, Config
 from slr.contracts import TrialResult
+from slr.costs import cost_means
 from slr.errors import UsageError
 from slr.plugins import PluginManager
 from slr.rollout import RolloutSession, TrialSpec, emit
@@ -194,6 +195,7 @@ class Loop:
                 "time/sync_s": t3 - t2,
             }
         )
+        metrics.update(cost_means(trials))  # the trials' cost split, mean per trial
         await self.checkpoint(step, metrics)
         metrics["time/step_s"] = time.monotonic() - t0
         return metrics

@@ -30,6 +30,7 @@ specs (a later ``slr infer``, a remote rollout worker) can use it as is.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -44,8 +45,15 @@ from slr.plugins import PluginManager
 from slr.proxy import Proxy, ProxySessions
 from slr.proxy.server import Session
 from slr.runs import RunDir
+from slr.sandboxing.pool import SandboxPool
 from slr.tasks import Task
-from slr.trial import SessionFactory, StandInSessions, run_trial, run_trials
+from slr.trial import (
+    SessionFactory,
+    StandInSessions,
+    bundle_mounts,
+    run_trial,
+    run_trials,
+)
 
 log = structlog.get_logger()
 
@@ -132,6 +140,8 @@ class RolloutSession:
                 await self.backend.cleanup_orphans()
                 for task in {t.id: t for t in self.tasks}.values():
                     await self.backend.prepare(task)
+                if self.config.rollout.pool_size and self.agent is not None:
+                    self.backend = await self._pooled(self.backend)
             if self.engine is None:
                 self.sessions = StandInSessions()
             else:
@@ -169,6 +179,20 @@ class RolloutSession:
             except Exception:
                 log.exception("closing a part failed", part=name)
 
+    async def _pooled(self, backend: Any) -> Any:
+        """The backend behind a warm pool (``[rollout] pool_size``) for this agent's mounts."""
+        try:
+            bundle = await asyncio.to_thread(self.agent.bundle)
+        except Exception as exc:  # the trials report it, each as agent_error
+            log.warning("no sandbox pool: the agent's bundle failed", error=repr(exc))
+            return backend
+        return SandboxPool(
+            backend,
+            size=self.config.rollout.pool_size,
+            mounts=bundle_mounts(bundle),
+            run_id=self.run_dir.id,
+        )
+
     # -- trials ----------------------------------------------------------------------------
 
     def weights_version(self) -> int | None:
@@ -186,7 +210,10 @@ class RolloutSession:
             twice = sorted({i for i in ids if ids.count(i) > 1})
             raise ValueError(f"trial ids must be unique within a run; given twice: {twice}")
         recorded = self.run_dir.trial_ids()
-        jobs = [self._job(s) for s in specs if s.trial_id not in recorded]
+        todo = [s for s in specs if s.trial_id not in recorded]
+        if isinstance(self.backend, SandboxPool):
+            self.backend.expect([s.task for s in todo])
+        jobs = [self._job(s) for s in todo]
         finished = await run_trials(jobs, concurrency=self.config.rollout.concurrency, label=label)
         done = {r.trial_id: r for r in finished}
         return [done[i] if i in done else self.run_dir.trial(i) for i in ids]

@@ -49,6 +49,7 @@ from slr.contracts import (
     VerifierError,
     VerifierTimeout,
 )
+from slr.costs import CostMeter, ModelClock, sandbox_cpu_s
 from slr.sandboxing.labels import trial_labels
 from slr.tasks import AGENT_LOGS_DIR, Task
 
@@ -70,6 +71,18 @@ class SessionFactory(Protocol):
     async def close(self, handle: Any) -> Trajectory | None:
         """End the session and return everything the policy generated in it."""
         ...
+
+
+def session_clock(sessions: SessionFactory, handle: Any) -> ModelClock | None:
+    """The session's ``ModelClock`` when the factory keeps one (``clock(handle)``, optional:
+    the proxy's does; a factory without it leaves model time at 0)."""
+    clock = getattr(sessions, "clock", None)
+    return None if clock is None else clock(handle)
+
+
+def bundle_mounts(bundle: Any) -> dict[Path, str]:
+    """The read-only mounts that put an agent's bundle at ``BUNDLE_MOUNT`` (none without one)."""
+    return {bundle.path: BUNDLE_MOUNT} if bundle.path.is_dir() else {}
 
 
 class StandInSessions:
@@ -207,6 +220,8 @@ class _Trial:
         self.git_top: str | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="slr-trial-")
         self.agent_version: str | None = None
+        self.meter = CostMeter(lambda: sandbox_cpu_s(self.sandbox) if self.sandbox else None)
+        self.clock: ModelClock | None = None
 
     def _result(
         self,
@@ -237,7 +252,7 @@ class _Trial:
             self.timings[f"{name}_s"] = round(time.monotonic() - start, 4)
 
     async def run(self) -> TrialResult:
-        start = time.monotonic()
+        start = self.meter.marks["sandbox_start"] = time.monotonic()
         try:
             result = await self._phases()
         except _Failed as exc:
@@ -250,8 +265,14 @@ class _Trial:
             log.exception("trial crashed")
             result = self._result(T.SANDBOX_ERROR, error=f"{type(exc).__name__}: {exc}")
         await self._cleanup()
-        self.timings["total_s"] = round(time.monotonic() - start, 4)
-        return attrs.evolve(result, timings=dict(self.timings), trajectory=self.trajectory)
+        self.meter.mark("end", read_cpu=False)
+        self.timings["total_s"] = round(self.meter.marks["end"] - start, 4)
+        costs = self.meter.costs(
+            self.clock, pool_start_s=getattr(self.sandbox, "pool_start_s", None)
+        )
+        return attrs.evolve(
+            result, timings=dict(self.timings), trajectory=self.trajectory, costs=costs
+        )
 
     async def _phases(self) -> TrialResult:
         task = self.task
@@ -263,7 +284,7 @@ class _Trial:
         except Exception as exc:
             raise _Failed(T.AGENT_ERROR, f"building the agent's bundle failed: {exc!r}") from exc
         self.agent_version = bundle.version or None
-        mounts = {bundle.path: BUNDLE_MOUNT} if bundle.path.is_dir() else {}
+        mounts = bundle_mounts(bundle)
         async with self._timed("start"):
             self.sandbox = await self._guard(
                 self.backend.start(
@@ -285,6 +306,10 @@ class _Trial:
             self.session_open = True
         except Exception as exc:
             raise _Failed(T.ENGINE_ERROR, f"the proxy could not open a session: {exc}") from exc
+        self.clock = session_clock(self.sessions, self.session)
+        if self.clock is not None:
+            self.clock.on_first_call = self.meter.first_call
+        self.meter.mark("agent")
         inner = attrs.evolve(endpoint, base_url=sandbox.proxy_url(endpoint.base_url))
         timeout = self.agent_timeout_s or task.agent_timeout_s()
         termination, error = T.COMPLETED, None
@@ -323,6 +348,7 @@ class _Trial:
         await self._close_session()
 
         # -- verifier phase --------------------------------------------------------------
+        self.meter.mark("verifier")
         async with self._timed("verifier"):
             # Nothing the agent started may outlive its phase (tampering with the tests).
             await self._guard(sandbox.end_processes(), "ending the agent's processes")
@@ -405,6 +431,7 @@ class _Trial:
             log.warning("closing the proxy session failed", error=repr(exc))
 
     async def _cleanup(self) -> None:
+        self.meter.mark("cleanup")
         start = time.monotonic()
 
         async def cleanup() -> None:

@@ -81,6 +81,12 @@ class RolloutSection:
     )
     n_per_task: int = option(4, doc="Trials per task: one GRPO group.", validator=validators.ge(1))
     concurrency: int = option(4, doc="Trials running at once.", validator=validators.ge(1))
+    pool_size: int = option(
+        0,
+        doc="Sandboxes started ahead of need for the next trials, from cached images (0: no "
+        "pool). Each is fresh and serves one trial; its CPU is charged to that trial.",
+        validator=validators.ge(0),
+    )
     temperature: float = option(
         1.0, doc="Sampling temperature for the policy.", validator=validators.ge(0.0)
     )

@@ -20,6 +20,7 @@ from slr.contracts.records import (
     Segment,
     TerminationReason,
     Trajectory,
+    TrialCosts,
     TrialResult,
 )
 from slr.contracts.sandbox import (
@@ -55,6 +56,7 @@ __all__ = [
     "Segment",
     "TerminationReason",
     "Trajectory",
+    "TrialCosts",
     "TrialResult",
     "UpdateMode",
     "Verifier",

@@ -175,6 +175,26 @@ class Reward:
 
 
 @frozen(kw_only=True)
+class TrialCosts:
+    """Where one trial's wall time and sandbox CPU went, phase by phase (``slr.costs``).
+
+    ``wall_s`` holds every phase of ``slr.costs.PHASES`` and sums to the trial's
+    ``timings["total_s"]``. ``cpu_s`` holds the phases the backend could measure: the CPU of
+    everything that ran in the sandbox (and, where the backend can tell, the host work it did
+    to make it); a pooled sandbox's ``sandbox_start`` includes what it used while it waited
+    in the pool. ``cpu_note`` says what could not be measured. ``pool_start_s`` is the wall
+    time the pool spent starting the sandbox ahead of the trial (not in ``wall_s``: it
+    overlapped other work); ``None`` when the trial started its own sandbox.
+    """
+
+    wall_s: dict[str, float] = field(factory=dict)
+    cpu_s: dict[str, float] = field(factory=dict)
+    cpu_note: str | None = None
+    model_calls: int = 0
+    pool_start_s: float | None = None
+
+
+@frozen(kw_only=True)
 class TrialResult:
     """One trial, as recorded in ``runs/<id>/trials/<trial_id>.json``."""
 
@@ -191,6 +211,7 @@ class TrialResult:
     timings: dict[str, float] = field(factory=dict)
     trajectory: Trajectory | None = None
     logs: dict[str, str] = field(factory=dict)
+    costs: TrialCosts | None = None  # absent in records written before cost accounting
 
     @property
     def trainable(self) -> bool:

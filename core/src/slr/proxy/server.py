@@ -28,6 +28,7 @@ from attrs import field, frozen
 
 from slr.config import ProxySection
 from slr.contracts import Endpoint, Engine, SamplingParams, TerminationReason, Trajectory
+from slr.costs import ModelClock
 from slr.proxy.accumulator import Accumulator
 from slr.proxy.app import build_app
 from slr.proxy.render import Renderer
@@ -54,6 +55,11 @@ class Session:
     @property
     def anthropic_base_url(self) -> str:
         return self.base_url
+
+    @property
+    def clock(self) -> ModelClock:
+        """The session's model time (``slr.costs``): first call, time waiting on the engine."""
+        return self._state.clock
 
     @property
     def termination(self) -> TerminationReason | None:
@@ -227,6 +233,10 @@ class ProxySessions:
     async def open(self, trial_id: str) -> tuple[Endpoint, Session]:
         session = self.proxy.open_session(trial_id)
         return session.endpoint(self.protocol, model=self.model), session
+
+    def clock(self, handle: Session) -> ModelClock:
+        """The session's ``ModelClock``, for the trial's cost accounting."""
+        return handle.clock
 
     async def close(self, handle: Session) -> Trajectory:
         trajectory = self.proxy.close_session(handle)

@@ -20,6 +20,7 @@ from slr.contracts import (
     Trajectory,
 )
 from slr.contracts.engine import ChunkCollector
+from slr.costs import ModelClock
 from slr.proxy.accumulator import Accumulator, Prepared
 from slr.proxy.errors import ApiError
 from slr.proxy.messages import Message, Tool, ToolCall
@@ -87,6 +88,7 @@ class SessionState:
     closed: bool = False
     termination: TerminationReason | None = None
     turns: list[dict[str, Any]] = field(factory=list)
+    clock: ModelClock = field(factory=ModelClock)  # first call, time waiting on the engine
 
     def trajectory(self) -> Trajectory:
         return Trajectory(
@@ -150,9 +152,11 @@ class Completer:
         return len(state.accumulator.prepare(messages, tools).prompt_ids)
 
     async def complete(self, state: SessionState, req: ChatRequest) -> ChatResult:
+        state.clock.call_arrived()
         async with state.lock:
             started = time.perf_counter()
             prepared, sampling = self._prepare(state, req)
+            waiting = state.clock.engine_started()
             try:
                 gen = await self.engine.generate(
                     prepared.prompt_ids, sampling, session_id=state.token
@@ -161,6 +165,8 @@ class Completer:
                 raise self._overflow(state, len(prepared.prompt_ids)) from None
             except EngineUnavailable as exc:
                 raise _unavailable(exc) from exc
+            finally:
+                state.clock.engine_ended(waiting)
             result = self._result(req, gen, len(prepared.prompt_ids), prepared)
             return self._record(state, req, prepared, gen, result, started)
 
@@ -172,6 +178,7 @@ class Completer:
         held back until it cannot. A consumer that stops early cancels the generation, and
         nothing of that call is recorded (the agent never received a whole reply).
         """
+        state.clock.call_arrived()
         async with state.lock:
             started = time.perf_counter()
             prepared, sampling = self._prepare(state, req)
@@ -186,6 +193,9 @@ class Completer:
             chunks = self.engine.stream(prepared.prompt_ids, sampling, session_id=state.token)
             shown = ""
             complete = False
+            # the whole stream counts as waiting on the engine: between chunks the proxy
+            # only hands text to the agent, which is waiting for it
+            waiting = state.clock.engine_started()
             try:
                 async for chunk in chunks:
                     if not collector.token_ids and chunk.token_ids:
@@ -206,6 +216,7 @@ class Completer:
                 raise _unavailable(exc) from exc
             finally:
                 await chunks.aclose()  # type: ignore[attr-defined]
+                state.clock.engine_ended(waiting)
                 if not complete:
                     log.info(
                         "proxy.stream_cancelled",

@@ -24,11 +24,15 @@ SANDBOX = "slr.sandbox"
 OWNER_HOST = "slr.owner_host"
 OWNER_PID = "slr.owner_pid"
 OWNER_START = "slr.owner_start"
+#: On a sandbox started ahead of its trial by ``slr.sandboxing.pool``: the pool's id (its
+#: trial label is then a placeholder, ``pool-<pool id>-<hex>``).
+POOL = "slr.pool"
 
 __all__ = [
     "OWNER_HOST",
     "OWNER_PID",
     "OWNER_START",
+    "POOL",
     "RUN",
     "SANDBOX",
     "TASK",

@@ -65,6 +65,11 @@ class ProxyLink:
         if self._relay is not None and not self._relay.closed:
             self._relay.target = self._target
 
+    @property
+    def alive(self) -> bool:
+        """Whether the link still forwards: started, not closed, its socket in place."""
+        return self._relay is not None and not self._relay.closed and self.socket_path.exists()
+
     def close(self) -> None:
         """Stop forwarding and cut open connections (idempotent)."""
         self._target = None

@@ -17,6 +17,7 @@ import structlog
 
 from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
+from slr.sandboxing.cpu import container_cgroup, read_cpu_s
 
 log = structlog.get_logger()
 
@@ -54,6 +55,24 @@ class DockerSandbox:
         self.proxy_port = proxy_port
         self.network: NetworkMode = "proxy-only"
         self._stopped = False
+        self._cgroup: Path | bool | None = False  # False: not looked up yet
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds of the container's cgroup (every process in it, execs included);
+        None when its cgroup is not on this machine (a remote daemon)."""
+        if self._cgroup is False:
+            self._cgroup = container_cgroup(self.id)
+        return None if not isinstance(self._cgroup, Path) else read_cpu_s(self._cgroup)
+
+    async def healthy(self) -> bool:
+        """Whether the container still runs with its relay (PID 1) and its proxy link."""
+        if self._stopped or not self.link.alive:
+            return False
+        try:
+            state = (await self._call(self._api.inspect_container, self.id))["State"]
+        except SandboxError:
+            return False
+        return bool(state.get("Running"))
 
     async def _call(self, fn, *args, **kwargs):
         import docker.errors

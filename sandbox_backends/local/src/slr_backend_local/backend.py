@@ -11,6 +11,7 @@ import posixpath
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import structlog
 
 from slr.contracts import SandboxError
 from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
+from slr.sandboxing.cpu import SandboxCgroup, remove_stale_cgroups
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local import dockerfile as df
 from slr_backend_local.isolation import bwrap_argv, bwrap_path, make_root
@@ -183,15 +185,19 @@ class LocalBackend:
         (ws / OWNER_FILE).write_text(
             json.dumps({"pid": os.getpid(), "trial_id": trial_id, "labels": dict(labels)})
         )
-        link = None
+        link = cgroup = None
         try:
-            await asyncio.to_thread(shutil.copytree, env_dir / "fs", ws / "fs", symlinks=True)
+            # the copy is this sandbox's start cost, paid on a host thread: charged to it
+            copy_cpu_s = await asyncio.to_thread(_timed_copy, env_dir / "fs", ws / "fs")
             if self.isolated:
                 link = ProxyLink()
                 link.start()
+            cgroup = SandboxCgroup.create(f"{os.getpid()}-{ws.name}")
         except BaseException:
             if link is not None:
                 link.remove()
+            if cgroup is not None:
+                cgroup.remove()
             shutil.rmtree(ws, ignore_errors=True)
             raise
         return LocalSandbox(
@@ -203,11 +209,14 @@ class LocalBackend:
             env=meta["env"],
             link=link,
             mounts=dict(mounts or {}),
+            cgroup=cgroup,
+            start_cpu_s=copy_cpu_s,
         )
 
     async def cleanup_orphans(self) -> int:
         """Remove workspaces and proxy link folders of dead processes; returns how many."""
         removed = remove_stale_links()
+        remove_stale_cgroups(_owner_alive)
         if not self.workspace_dir.is_dir():
             return 0
         for ws in self.workspace_dir.iterdir():
@@ -225,3 +234,16 @@ class LocalBackend:
 
     async def close(self) -> None:
         pass
+
+
+def _timed_copy(src: Path, dest: Path) -> float:
+    """Copy a prepared root; returns the CPU seconds this thread spent on it."""
+    start = time.thread_time()
+    shutil.copytree(src, dest, symlinks=True)
+    return time.thread_time() - start
+
+
+def _owner_alive(group: str) -> bool:
+    """Whether the process that made cgroup ``<pid>-<workspace>`` still lives."""
+    pid = group.split("-", 1)[0]
+    return pid.isdigit() and pid_alive(int(pid))

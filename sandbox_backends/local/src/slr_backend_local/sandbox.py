@@ -29,6 +29,7 @@ import structlog
 
 from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
+from slr.sandboxing.cpu import SandboxCgroup
 from slr_backend_local.isolation import BASE_ENV, LINK_MOUNT, bwrap_argv
 
 log = structlog.get_logger()
@@ -97,6 +98,8 @@ class LocalSandbox:
         env: Mapping[str, str],
         link: ProxyLink | None,
         mounts: Mapping[Path, str],
+        cgroup: SandboxCgroup | None = None,
+        start_cpu_s: float = 0.0,
     ) -> None:
         self.bwrap = bwrap
         self.python = python
@@ -108,6 +111,8 @@ class LocalSandbox:
         self.env = dict(env)
         self.link = link
         self.mounts = mounts
+        self.cgroup = cgroup
+        self.start_cpu_s = start_cpu_s
         self.network: NetworkMode = "proxy-only"
         self._procs: set[_Command] = set()
         self._stopped = False
@@ -116,6 +121,18 @@ class LocalSandbox:
         """Where an absolute path inside the sandbox lies on the host."""
         norm = posixpath.normpath("/" + inner)
         return self.root / norm.lstrip("/")
+
+    def cpu_s(self) -> float | None:
+        """The host CPU spent making this sandbox plus its cgroup's (every command it ran);
+        None without a writable cgroup hierarchy (``slr.sandboxing.cpu``)."""
+        used = self.cgroup.cpu_s() if self.cgroup is not None else None
+        return None if used is None else self.start_cpu_s + used
+
+    async def healthy(self) -> bool:
+        """Whether it can still run a command: not stopped, its workspace and link intact."""
+        if self._stopped or not self.root.is_dir():
+            return False
+        return self.link is None or self.link.alive
 
     def _check(self) -> None:
         if self._stopped:
@@ -168,6 +185,8 @@ class LocalSandbox:
         else:
             proc_env = {**os.environ, **full_env}
             host_cwd = self.host_path(inner_cwd)
+        if self.cgroup is not None:
+            argv = self.cgroup.wrap(argv)
         started = time.monotonic()
         cmd = await self._spawn(argv, marker, env=proc_env, cwd=host_cwd)
         self._procs.add(cmd)
@@ -304,6 +323,8 @@ class LocalSandbox:
         if self.link is not None:
             self.link.remove()
         await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+        if self.cgroup is not None:
+            self.cgroup.remove()  # a miss (a process still exiting) goes at the next start
 
 
 def _tree(pid: int) -> list[int]:
