@@ -261,7 +261,7 @@ def _verl_tools(tools: Sequence[Tool]) -> list[Any]:
         spec = tool.as_openai()
         fn = dict(spec["function"])
         fn.setdefault("description", "")
-        params = dict(fn.get("parameters") or {"type": "object", "properties": {}})
+        params: dict[str, Any] = dict(fn.get("parameters") or {"type": "object", "properties": {}})
         params["properties"] = {
             k: {"type": "string", **v} if isinstance(v, dict) and "type" not in v else v
             for k, v in (params.get("properties") or {}).items()
@@ -293,7 +293,10 @@ class VerlToolParser:
         if not tools or f.start_marker not in text:
             return Parsed(content=self._content(text))
         given = text if not f.prefix or text.startswith(f.prefix) else f.prefix + text
-        content, found = _Loop.run(self._verl.extract_tool_calls(given, _verl_tools(tools)))
+        # verl's parsers decode ids with the tokenizer they were given; ours decodes text
+        # to itself, so the text goes where verl's annotation says ids.
+        ids: Any = given
+        content, found = _Loop.run(self._verl.extract_tool_calls(ids, _verl_tools(tools)))
         calls: list[ToolCall] = []
         for fc in found:
             try:
