@@ -31,7 +31,7 @@ from slr_data.records import Instance, is_test_path
 
 DEFAULT_BASE_IMAGE = "slr-base:bookworm"
 # Pure-Python test tools copied from this machine into images that lack pytest (offline).
-PYTEST_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py")
+PYTEST_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")
 IMAGE_SITE = "/usr/lib/python3/dist-packages"
 
 PREPARE_SH = """\
