@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+from typing import ClassVar
 
 import pytest
 from slr_backend_docker import DockerBackendConfig
@@ -40,8 +42,16 @@ def check(backend, task, agents=None):
     async def go():
         out = {}
         for name, agent in (agents or {"oracle": OracleAgent(), "nop": NopAgent()}).items():
-            out[name] = [await run_trial(task, backend=backend, agent=agent, verifier=verifier,
-                                         session_factory=StandInSessions(), agent_name=name)]
+            out[name] = [
+                await run_trial(
+                    task,
+                    backend=backend,
+                    agent=agent,
+                    verifier=verifier,
+                    session_factory=StandInSessions(),
+                    agent_name=name,
+                )
+            ]
         return out
 
     return asyncio.run(go())
@@ -59,10 +69,12 @@ def test_mine_keeps_fix_commits_with_tests_that_really_flip(tmp_path, calc_repo,
     config = json.loads((fix.task / "tests" / "config.json").read_text())
     # v1's clamp returns `high` for anything below it: both clamp tests flip
     assert config["fail_to_pass"] == [
-        "tests/test_ops.py::test_clamp_edges", "tests/test_ops.py::test_clamp_inside",
+        "tests/test_ops.py::test_clamp_edges",
+        "tests/test_ops.py::test_clamp_inside",
     ]
     assert config["pass_to_pass"] == [
-        "tests/test_ops.py::test_add", "tests/test_ops.py::test_add_negative",
+        "tests/test_ops.py::test_add",
+        "tests/test_ops.py::test_add_negative",
     ]
     task = load_task(fix.task)
     verdict, why = classify(**check(backend, task))
@@ -72,8 +84,9 @@ def test_mine_keeps_fix_commits_with_tests_that_really_flip(tmp_path, calc_repo,
 @pytest.mark.timeout(300)
 def test_synth_makes_bugs_the_tests_catch(tmp_path, calc_repo, backend):
     repo, _ = calc_repo
-    results = asyncio.run(synth(repo, tmp_path / "tasks", backend, base_image=BASE_TAG,
-                                max_tasks=1, max_tries=30))
+    results = asyncio.run(
+        synth(repo, tmp_path / "tasks", backend, base_image=BASE_TAG, max_tasks=1, max_tries=30)
+    )
     kept = [r for r in results if r.task]
     assert len(kept) == 1, [r.reason for r in results]
     task = load_task(kept[0].task)
@@ -88,21 +101,36 @@ def test_imported_task_runs_and_hides_the_future(tmp_path, calc_repo, backend):
     """A SWE-bench record on the local repository: oracle 1, nop 0, and the agent phase
     sees neither the fix commit nor the hidden tests nor the solution."""
     repo, shas = calc_repo
-    diff = lambda *paths: __import__("subprocess").run(  # noqa: E731
-        ["git", "-C", str(repo), "diff", shas["v1"], shas["fix"], "--", *paths],
-        capture_output=True, text=True, check=True).stdout
-    rec = {"repo": str(repo), "instance_id": "calc-1", "base_commit": shas["v1"],
-           "patch": diff("calc"), "test_patch": diff("tests"), "problem_statement": "clamp",
-           "FAIL_TO_PASS": json.dumps(["tests/test_ops.py::test_clamp_edges"]),
-           "PASS_TO_PASS": json.dumps(["tests/test_ops.py::test_add"]),
-           "hints_text": "", "created_at": "", "version": "1", "environment_setup_commit": ""}
+
+    def diff(*paths: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(repo), "diff", shas["v1"], shas["fix"], "--", *paths],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    rec = {
+        "repo": str(repo),
+        "instance_id": "calc-1",
+        "base_commit": shas["v1"],
+        "patch": diff("calc"),
+        "test_patch": diff("tests"),
+        "problem_statement": "clamp",
+        "FAIL_TO_PASS": json.dumps(["tests/test_ops.py::test_clamp_edges"]),
+        "PASS_TO_PASS": json.dumps(["tests/test_ops.py::test_add"]),
+        "hints_text": "",
+        "created_at": "",
+        "version": "1",
+        "environment_setup_commit": "",
+    }
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps(rec) + "\n")
     (inst,) = read_records(src, "swe-bench")
     task = load_task(write_task(inst, tmp_path / "tasks", repo_dir=repo, add_pytest=True))
 
     class Snoop(NopAgent):
-        seen: dict[str, str] = {}
+        seen: ClassVar[dict[str, str]] = {}
 
         async def run(self, sandbox, instruction, endpoint, *, timeout_s):
             for name, cmd in {

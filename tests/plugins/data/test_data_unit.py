@@ -21,33 +21,68 @@ TEST_DIFF = DIFF.replace("calc/ops.py", "tests/test_ops.py")
 def records(repo: str, base: str) -> dict[str, dict]:
     """One record per format, shaped like each dataset card's schema."""
     swe_bench = {
-        "repo": repo, "instance_id": "calc__calc-1", "base_commit": base, "patch": DIFF,
-        "test_patch": TEST_DIFF, "problem_statement": "clamp is wrong", "hints_text": "",
-        "created_at": "2024-01-01T00:00:00Z", "version": "1.0",
+        "repo": repo,
+        "instance_id": "calc__calc-1",
+        "base_commit": base,
+        "patch": DIFF,
+        "test_patch": TEST_DIFF,
+        "problem_statement": "clamp is wrong",
+        "hints_text": "",
+        "created_at": "2024-01-01T00:00:00Z",
+        "version": "1.0",
         # SWE-bench stores the lists as JSON strings
         "FAIL_TO_PASS": json.dumps(["tests/test_ops.py::test_clamp_edges"]),
         "PASS_TO_PASS": json.dumps(["tests/test_ops.py::test_add"]),
         "environment_setup_commit": base,
     }
-    swe_gym = {**swe_bench, "FAIL_TO_PASS": ["tests/test_ops.py::test_clamp_edges"],
-               "PASS_TO_PASS": ["tests/test_ops.py::test_add"]}
+    swe_gym = {
+        **swe_bench,
+        "FAIL_TO_PASS": ["tests/test_ops.py::test_clamp_edges"],
+        "PASS_TO_PASS": ["tests/test_ops.py::test_add"],
+    }
     swe_gym.pop("environment_setup_commit")
-    swe_rebench = {**swe_gym, "environment_setup_commit": base, "docker_image": "img:1",
-                   "meta": {"has_test_patch": True}}
-    swe_smith = {"instance_id": "calc.abc__func_pm_op_swap__1", "patch": DIFF,
-                 "FAIL_TO_PASS": ["tests/test_ops.py::test_clamp_edges"],
-                 "PASS_TO_PASS": ["tests/test_ops.py::test_add"], "image_name": "img:2",
-                 "repo": "swesmith/calc.abc", "problem_statement": "clamp is wrong"}
-    r2e = {"repo_name": "calc", "docker_image": "img:3", "commit_hash": base,
-           "problem_statement": "clamp is wrong",
-           "parsed_commit_content": json.dumps({"file_diffs": [
-               {"header": {"file": {"path": "calc/ops.py"}}, "new_file_content": "y\n"},
-               {"header": {"file": {"path": "tests/test_ops.py"}}, "new_file_content": "t\n"}]}),
-           "expected_output_json": json.dumps({"tests/test_ops.py::test_clamp_edges": "PASSED",
-                                               "tests/test_ops.py::test_x": "FAILED"}),
-           "modified_files": ["calc/ops.py"], "relevant_files": [], "num_non_test_files": 1}
-    return {"swe-bench": swe_bench, "swe-gym": swe_gym, "swe-rebench": swe_rebench,
-            "swe-smith": swe_smith, "r2e-gym": r2e}
+    swe_rebench = {
+        **swe_gym,
+        "environment_setup_commit": base,
+        "docker_image": "img:1",
+        "meta": {"has_test_patch": True},
+    }
+    swe_smith = {
+        "instance_id": "calc.abc__func_pm_op_swap__1",
+        "patch": DIFF,
+        "FAIL_TO_PASS": ["tests/test_ops.py::test_clamp_edges"],
+        "PASS_TO_PASS": ["tests/test_ops.py::test_add"],
+        "image_name": "img:2",
+        "repo": "swesmith/calc.abc",
+        "problem_statement": "clamp is wrong",
+    }
+    r2e = {
+        "repo_name": "calc",
+        "docker_image": "img:3",
+        "commit_hash": base,
+        "problem_statement": "clamp is wrong",
+        "parsed_commit_content": json.dumps(
+            {
+                "file_diffs": [
+                    {"header": {"file": {"path": "calc/ops.py"}}, "new_file_content": "y\n"},
+                    {"header": {"file": {"path": "tests/test_ops.py"}}, "new_file_content": "t\n"},
+                ]
+            }
+        ),
+        "expected_output_json": json.dumps(
+            {"tests/test_ops.py::test_clamp_edges": "PASSED", "tests/test_ops.py::test_x": "FAILED"}
+        ),
+        "modified_files": ["calc/ops.py"],
+        "relevant_files": [],
+        "num_non_test_files": 1,
+    }
+    return {
+        "swe-bench": swe_bench,
+        "swe-gym": swe_gym,
+        "swe-rebench": swe_rebench,
+        "swe-smith": swe_smith,
+        "r2e-gym": r2e,
+    }
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -107,8 +142,19 @@ def test_import_cli_from_a_local_clone(tmp_path, calc_repo):
     rec = records(str(repo), shas["v1"])["swe-bench"]
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps(rec) + "\n")
-    res = CliRunner().invoke(data, ["import", str(src), "--format", "swe-bench",
-                                   "-o", str(tmp_path / "tasks"), "--offline", "--no-pytest"])
+    res = CliRunner().invoke(
+        data,
+        [
+            "import",
+            str(src),
+            "--format",
+            "swe-bench",
+            "-o",
+            str(tmp_path / "tasks"),
+            "--offline",
+            "--no-pytest",
+        ],
+    )
     assert res.exit_code == 0, res.output
     task = load_task(tmp_path / "tasks" / "calc__calc-1")
     assert (task.environment.path / "repo" / "calc" / "ops.py").read_text().count("value < high")

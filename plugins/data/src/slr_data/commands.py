@@ -73,24 +73,48 @@ def import_(file, fmt, output, repos, offline, limit, python, base_image, add_py
     from slr_data.importer import import_file
 
     written = import_file(
-        file, fmt, output, limit=limit, repos=repos, base_image=base_image,
-        add_pytest=add_pytest, python=python, require_local=offline,
+        file,
+        fmt,
+        output,
+        limit=limit,
+        repos=repos,
+        base_image=base_image,
+        add_pytest=add_pytest,
+        python=python,
+        require_local=offline,
     )
     click.echo(f"wrote {len(written)} tasks under {output}")
 
 
 def _report(results, title: str, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps([
-            {"name": r.name, "task": str(r.task) if r.task else None, "reason": r.reason,
-             "seconds": round(r.seconds, 2), "fail_to_pass": r.fail_to_pass,
-             "pass_to_pass": r.pass_to_pass} for r in results
-        ], indent=1))
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": r.name,
+                        "task": str(r.task) if r.task else None,
+                        "reason": r.reason,
+                        "seconds": round(r.seconds, 2),
+                        "fail_to_pass": r.fail_to_pass,
+                        "pass_to_pass": r.pass_to_pass,
+                    }
+                    for r in results
+                ],
+                indent=1,
+            )
+        )
         return
     table = Table("candidate", "kept", "F2P", "P2P", "s", "reason", title=title)
     for r in results:
-        table.add_row(r.name, "yes" if r.task else "no", str(r.fail_to_pass),
-                      str(r.pass_to_pass), f"{r.seconds:.1f}", r.reason)
+        table.add_row(
+            r.name,
+            "yes" if r.task else "no",
+            str(r.fail_to_pass),
+            str(r.pass_to_pass),
+            f"{r.seconds:.1f}",
+            r.reason,
+        )
     Console().print(table)
 
 
@@ -114,9 +138,18 @@ def mine(repo, output, rev, max_commits, max_tasks, name, base_image, add_pytest
     async def go():
         try:
             return await run(
-                repo, output, be, name=name, rev=rev, max_commits=max_commits,
-                max_tasks=max_tasks, base_image=base_image, add_pytest=add_pytest,
-                progress=lambda o: click.echo(f"  {o.name}: {'kept' if o.task else o.reason}", err=True),
+                repo,
+                output,
+                be,
+                name=name,
+                rev=rev,
+                max_commits=max_commits,
+                max_tasks=max_tasks,
+                base_image=base_image,
+                add_pytest=add_pytest,
+                progress=lambda o: click.echo(
+                    f"  {o.name}: {'kept' if o.task else o.reason}", err=True
+                ),
             )
         finally:
             await be.close()
@@ -136,7 +169,9 @@ def mine(repo, output, rev, max_commits, max_tasks, name, base_image, add_pytest
 @_pytest_opt
 @_backend_opt
 @click.option("--json", "as_json", is_flag=True)
-def synth(repo, output, rev, max_tasks, max_tries, seed, name, base_image, add_pytest, backend, as_json):
+def synth(
+    repo, output, rev, max_tasks, max_tries, seed, name, base_image, add_pytest, backend, as_json
+):
     """SWE-smith-style tasks: mutate REPO's functions, keep what its tests catch."""
     from slr_data.synth import synth as run
 
@@ -145,9 +180,19 @@ def synth(repo, output, rev, max_tasks, max_tries, seed, name, base_image, add_p
     async def go():
         try:
             return await run(
-                repo, output, be, name=name, rev=rev, max_tasks=max_tasks, max_tries=max_tries,
-                seed=seed, base_image=base_image, add_pytest=add_pytest,
-                progress=lambda o: click.echo(f"  {o.name}: {'kept' if o.task else o.reason}", err=True),
+                repo,
+                output,
+                be,
+                name=name,
+                rev=rev,
+                max_tasks=max_tasks,
+                max_tries=max_tries,
+                seed=seed,
+                base_image=base_image,
+                add_pytest=add_pytest,
+                progress=lambda o: click.echo(
+                    f"  {o.name}: {'kept' if o.task else o.reason}", err=True
+                ),
             )
         finally:
             await be.close()

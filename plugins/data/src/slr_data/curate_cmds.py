@@ -44,8 +44,12 @@ def classify(oracle: list[Any], nop: list[Any]) -> tuple[str, str]:
 @click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE")
 @click.option("--verifier", default="harbor", show_default=True)
 @click.option("-j", "--concurrency", default=4, show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help=f"Write the verdicts here (default: {VALIDATION} beside the tasks).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help=f"Write the verdicts here (default: {VALIDATION} beside the tasks).",
+)
 def validate(paths, repeats, backend, backend_opts, verifier, concurrency, output) -> None:
     """Oracle must score 1 and nop 0, every one of -n times (else: flaky, fail or broken).
 
@@ -99,13 +103,25 @@ def pass_rates(eval_dir: Path, threshold: float = 1.0) -> dict[str, tuple[int, i
 
 @click.command("filter")
 @click.argument("tasks_path", type=click.Path(exists=True, path_type=Path))
-@click.option("--eval", "eval_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="An `slr eval -k K` run folder over these tasks.")
+@click.option(
+    "--eval",
+    "eval_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="An `slr eval -k K` run folder over these tasks.",
+)
 @click.option("--min", "low", default=0.0, show_default=True, help="Keep pass rates above this ...")
-@click.option("--max", "high", default=1.0, show_default=True, help="... and below this (exclusive).")
+@click.option(
+    "--max", "high", default=1.0, show_default=True, help="... and below this (exclusive)."
+)
 @click.option("--inclusive", is_flag=True, help="Keep pass rates equal to --min / --max too.")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The kept tasks' index (.parquet) with pass_rate and difficulty.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The kept tasks' index (.parquet) with pass_rate and difficulty.",
+)
 def filter_(tasks_path, eval_dir, low, high, inclusive, output) -> None:
     """Keep tasks a policy solves sometimes but not always (pass rate in the band)."""
     if not 0.0 <= low <= high <= 1.0:
@@ -123,11 +139,16 @@ def filter_(tasks_path, eval_dir, low, high, inclusive, output) -> None:
         if inside:
             kept[t.id] = rate
     if unseen:
-        click.echo(f"{len(unseen)} tasks have no trials in {eval_dir} and are dropped: "
-                   f"{', '.join(unseen[:5])}", err=True)
+        click.echo(
+            f"{len(unseen)} tasks have no trials in {eval_dir} and are dropped: "
+            f"{', '.join(unseen[:5])}",
+            err=True,
+        )
     write_index([t for t in tasks if t.id in kept], output, pass_rate=kept)
-    click.echo(f"kept {len(kept)} of {len(tasks)} tasks (pass rate in "
-               f"{'[' if inclusive else '('}{low}, {high}{']' if inclusive else ')'}) -> {output}")
+    click.echo(
+        f"kept {len(kept)} of {len(tasks)} tasks (pass rate in "
+        f"{'[' if inclusive else '('}{low}, {high}{']' if inclusive else ')'}) -> {output}"
+    )
 
 
 def split_of(repo: str, held_out: set[str], fraction: float, seed: int) -> str:
@@ -157,8 +178,14 @@ def image_digest(t: Task) -> str:
 
 
 def write_index(
-    tasks: list[Task], index: Path, *, pass_rate: dict[str, float] | None = None,
-    held_out: set[str] = frozenset(), fraction: float = 0.0, seed: int = 0, digests: bool = True,
+    tasks: list[Task],
+    index: Path,
+    *,
+    pass_rate: dict[str, float] | None = None,
+    held_out: frozenset[str] | set[str] = frozenset(),
+    fraction: float = 0.0,
+    seed: int = 0,
+    digests: bool = True,
 ) -> Path:
     import os
 
@@ -169,23 +196,35 @@ def write_index(
     for t in tasks:
         repo = str(t.metadata.get("repo") or t.id)
         rate = (pass_rate or {}).get(t.id)
-        rows.append({
-            "id": t.id,
-            "path": os.path.relpath(t.path, index.resolve().parent),
-            "content_hash": t.environment.content_hash,
-            "source": str(t.metadata.get("source", "")),
-            "repo": repo,
-            "split": split_of(repo, set(held_out), fraction, seed),
-            "difficulty": difficulty(rate, t),
-            "pass_rate": rate,
-            "fail_to_pass": int(t.metadata.get("fail_to_pass", 0) or 0),
-            "image_digest": image_digest(t) if digests else "",
-        })
+        rows.append(
+            {
+                "id": t.id,
+                "path": os.path.relpath(t.path, index.resolve().parent),
+                "content_hash": t.environment.content_hash,
+                "source": str(t.metadata.get("source", "")),
+                "repo": repo,
+                "split": split_of(repo, set(held_out), fraction, seed),
+                "difficulty": difficulty(rate, t),
+                "pass_rate": rate,
+                "fail_to_pass": int(t.metadata.get("fail_to_pass", 0) or 0),
+                "image_digest": image_digest(t) if digests else "",
+            }
+        )
     index.parent.mkdir(parents=True, exist_ok=True)
-    schema = pa.schema([("id", pa.string()), ("path", pa.string()), ("content_hash", pa.string()),
-                        ("source", pa.string()), ("repo", pa.string()), ("split", pa.string()),
-                        ("difficulty", pa.string()), ("pass_rate", pa.float64()),
-                        ("fail_to_pass", pa.int64()), ("image_digest", pa.string())])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("path", pa.string()),
+            ("content_hash", pa.string()),
+            ("source", pa.string()),
+            ("repo", pa.string()),
+            ("split", pa.string()),
+            ("difficulty", pa.string()),
+            ("pass_rate", pa.float64()),
+            ("fail_to_pass", pa.int64()),
+            ("image_digest", pa.string()),
+        ]
+    )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), index)
     return index
 
@@ -193,11 +232,22 @@ def write_index(
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--held-out", "held_out", multiple=True, help="A repository for the held-out split (repeatable).")
-@click.option("--held-out-fraction", default=0.0, show_default=True,
-              help="Also hold out about this share of repositories (by a hash of the name).")
+@click.option(
+    "--held-out",
+    "held_out",
+    multiple=True,
+    help="A repository for the held-out split (repeatable).",
+)
+@click.option(
+    "--held-out-fraction",
+    default=0.0,
+    show_default=True,
+    help="Also hold out about this share of repositories (by a hash of the name).",
+)
 @click.option("--seed", default=0, show_default=True)
-@click.option("--only-valid", is_flag=True, help=f"Only tasks `slr data validate` marked ok ({VALIDATION}).")
+@click.option(
+    "--only-valid", is_flag=True, help=f"Only tasks `slr data validate` marked ok ({VALIDATION})."
+)
 def index(paths, output, held_out, held_out_fraction, seed, only_valid) -> None:
     """One parquet index over task folders: split by repository, difficulty, source, digest."""
     tasks: list[Task] = []
@@ -206,7 +256,9 @@ def index(paths, output, held_out, held_out_fraction, seed, only_valid) -> None:
         verdicts_file = Path(p) / VALIDATION
         if only_valid:
             if not verdicts_file.is_file():
-                raise UsageError(f"--only-valid: {verdicts_file} is missing; run `slr data validate {p}` first")
+                raise UsageError(
+                    f"--only-valid: {verdicts_file} is missing; run `slr data validate {p}` first"
+                )
             verdicts = json.loads(verdicts_file.read_text())
             found = [t for t in found if verdicts.get(t.id, {}).get("verdict") == "ok"]
         tasks += found

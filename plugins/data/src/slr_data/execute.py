@@ -32,7 +32,9 @@ class TestProbe:
     async def __aenter__(self) -> TestProbe:
         tid = new_trial_id(f"probe-{self.task.id}")
         self.sandbox = await self.backend.start(
-            self.task, trial_id=tid, labels=trial_labels(run_id=None, trial_id=tid, task_id=self.task.id)
+            self.task,
+            trial_id=tid,
+            labels=trial_labels(run_id=None, trial_id=tid, task_id=self.task.id),
         )
         await self.sandbox.upload(self.task.tests_dir, "/tests")
         return self
@@ -46,9 +48,13 @@ class TestProbe:
         return self.task.environment.workdir or "/testbed"
 
     async def sh(self, command: str, *, what: str) -> str:
-        res = await self.sandbox.exec(command, user="root", cwd=self.workdir, timeout_s=self.timeout_s)
+        res = await self.sandbox.exec(
+            command, user="root", cwd=self.workdir, timeout_s=self.timeout_s
+        )
         if not res.ok:
-            raise SandboxError(f"{what} failed (exit {res.exit_code}): {(res.stderr or res.stdout)[-800:]}")
+            raise SandboxError(
+                f"{what} failed (exit {res.exit_code}): {(res.stderr or res.stdout)[-800:]}"
+            )
         return res.stdout
 
     async def apply(self, patch: Path) -> None:
@@ -65,7 +71,14 @@ class TestProbe:
 
     async def run(self, files: list[str] | None = None, *, reset: bool = True) -> dict[str, str]:
         """Outcome (``passed`` / ``failed``) of every test pytest reports, by test id."""
-        args = ["python3", "/tests/run_tests.py", "--config", "/tests/config.json", "--report", REPORT]
+        args = [
+            "python3",
+            "/tests/run_tests.py",
+            "--config",
+            "/tests/config.json",
+            "--report",
+            REPORT,
+        ]
         if not reset:
             args.append("--no-reset")
         if files:

@@ -48,10 +48,14 @@ class Outcome:
     pass_to_pass: int = 0
 
 
-def candidates(repo: Path, *, rev: str = "HEAD", max_commits: int = 200, max_files: int = 8) -> list[Candidate]:
+def candidates(
+    repo: Path, *, rev: str = "HEAD", max_commits: int = 200, max_files: int = 8
+) -> list[Candidate]:
     """Commits (first-parent, no merges, newest first) that change .py source and tests."""
     out = []
-    log = git(repo, "log", "--first-parent", "--no-merges", f"-n{max_commits}", "--format=%H %P", rev)
+    log = git(
+        repo, "log", "--first-parent", "--no-merges", f"-n{max_commits}", "--format=%H %P", rev
+    )
     for line in log.splitlines():
         parts = line.split()
         if len(parts) != 2:
@@ -66,8 +70,12 @@ def candidates(repo: Path, *, rev: str = "HEAD", max_commits: int = 200, max_fil
         subject, _, body = msg.partition("\n")
         out.append(
             Candidate(
-                commit=commit, parent=parent, subject=subject.strip(), body=body.strip(),
-                source_files=source, test_files=tests,
+                commit=commit,
+                parent=parent,
+                subject=subject.strip(),
+                body=body.strip(),
+                source_files=source,
+                test_files=tests,
             )
         )
     return out
@@ -128,7 +136,11 @@ async def _decide(inst, cand, repo, out, backend, base_image, add_pytest) -> Out
     run_files = [f for f in patch_files(inst.test_patch) if f.endswith(".py")]
     with tempfile.TemporaryDirectory(prefix="slr-mine-") as tmp:
         folder = write_task(
-            inst, Path(tmp), repo_dir=repo, base_image=base_image, add_pytest=add_pytest,
+            inst,
+            Path(tmp),
+            repo_dir=repo,
+            base_image=base_image,
+            add_pytest=add_pytest,
         )
         task = load_task(folder)
         try:
@@ -152,7 +164,11 @@ async def _decide(inst, cand, repo, out, backend, base_image, add_pytest) -> Out
         problem_statement=statement(cand.subject, cand.body, f2p),
     )
     folder = write_task(
-        final, out, repo_dir=repo, base_image=base_image, add_pytest=add_pytest,
+        final,
+        out,
+        repo_dir=repo,
+        base_image=base_image,
+        add_pytest=add_pytest,
         extra_metadata={"commit": cand.commit},
     )
     return Outcome(name=name, task=folder, fail_to_pass=len(f2p), pass_to_pass=len(p2p))

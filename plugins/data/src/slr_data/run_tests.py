@@ -67,7 +67,7 @@ def file_of(test_id):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--config", required=True, help="config.json of the task")
     ap.add_argument("--reward", help="write reward.json here")
     ap.add_argument("--report", help="write every test outcome (JSON) here")
@@ -98,8 +98,10 @@ def main(argv=None):
             json.dump({"reward": reward}, fh)
         with open(os.path.join(os.path.dirname(args.reward) or ".", "tests.json"), "w") as fh:
             json.dump(graded_out, fh, indent=1, sort_keys=True)
-        print(f"[run_tests] reward {reward}: {sum(s == 'passed' for s in graded_out.values())}"
-              f"/{len(graded_out)} graded tests passed")
+        print(
+            f"[run_tests] reward {reward}: {sum(s == 'passed' for s in graded_out.values())}"
+            f"/{len(graded_out)} graded tests passed"
+        )
     return 0
 
 

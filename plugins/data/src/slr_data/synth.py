@@ -31,13 +31,24 @@ from slr_data.mine import Outcome
 from slr_data.records import Instance, is_test_path
 
 _CMP_SWAP = {
-    ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
-    ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In,
-    ast.Is: ast.IsNot, ast.IsNot: ast.Is,
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
 }
 _BIN_SWAP = {
-    ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult,
-    ast.Div: ast.Mult, ast.Mod: ast.FloorDiv,
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.FloorDiv,
+    ast.FloorDiv: ast.Mult,
+    ast.Div: ast.Mult,
+    ast.Mod: ast.FloorDiv,
 }
 KINDS = ("compare", "arith", "constant", "condition", "bool-op")
 
@@ -59,7 +70,9 @@ class Mutation:
 
 def _mutate(node: ast.AST, kind: str) -> ast.expr | None:
     if kind == "compare" and isinstance(node, ast.Compare) and type(node.ops[0]) in _CMP_SWAP:
-        return ast.Compare(node.left, [_CMP_SWAP[type(node.ops[0])](), *node.ops[1:]], node.comparators)
+        return ast.Compare(
+            node.left, [_CMP_SWAP[type(node.ops[0])](), *node.ops[1:]], node.comparators
+        )
     if kind == "arith" and isinstance(node, ast.BinOp) and type(node.op) in _BIN_SWAP:
         return ast.BinOp(node.left, _BIN_SWAP[type(node.op)](), node.right)
     if kind == "constant" and isinstance(node, ast.Constant) and type(node.value) is int:
@@ -77,11 +90,15 @@ def _conditions(fn: ast.AST) -> Iterator[ast.expr]:
             yield node.test
 
 
-def _replace(source: str, node: ast.AST, text: str) -> str:
+def _replace(source: str, node: Any, text: str) -> str:
     lines = source.splitlines(keepends=True)
-    start = sum(len(x) for x in lines[: node.lineno - 1]) + _byte_col(lines[node.lineno - 1], node.col_offset)  # type: ignore[attr-defined]
+    start = sum(len(x) for x in lines[: node.lineno - 1]) + _byte_col(
+        lines[node.lineno - 1], node.col_offset
+    )  # type: ignore[attr-defined]
     end_line = node.end_lineno or node.lineno  # type: ignore[attr-defined]
-    end = sum(len(x) for x in lines[: end_line - 1]) + _byte_col(lines[end_line - 1], node.end_col_offset or 0)  # type: ignore[attr-defined]
+    end = sum(len(x) for x in lines[: end_line - 1]) + _byte_col(
+        lines[end_line - 1], node.end_col_offset or 0
+    )  # type: ignore[attr-defined]
     return source[:start] + text + source[end:]
 
 
@@ -101,7 +118,7 @@ def mutations(repo_files: dict[str, str]) -> Iterator[Mutation]:
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             seen: set[tuple[str, int, int]] = set()
-            sites: list[tuple[str, ast.AST]] = [("condition", c) for c in _conditions(fn)]
+            sites: list[tuple[str, Any]] = [("condition", c) for c in _conditions(fn)]
             sites += [(k, n) for n in ast.walk(fn) for k in KINDS if k != "condition"]
             for kind, node in sites:
                 if kind == "condition":
@@ -115,15 +132,21 @@ def mutations(repo_files: dict[str, str]) -> Iterator[Mutation]:
                 mutated = _replace(source, node, f"({ast.unparse(new)})")
                 if mutated != source:
                     yield Mutation(
-                        path=path, function=fn.name, kind=kind, line=node.lineno,  # type: ignore[attr-defined]
-                        original=source, mutated=mutated,
+                        path=path,
+                        function=fn.name,
+                        kind=kind,
+                        line=node.lineno,  # type: ignore[attr-defined]
+                        original=source,
+                        mutated=mutated,
                     )
 
 
 def unified_patch(path: str, before: str, after: str) -> str:
     diff = difflib.unified_diff(
-        before.splitlines(keepends=True), after.splitlines(keepends=True),
-        fromfile=f"a/{path}", tofile=f"b/{path}",
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=f"a/{path}",
+        tofile=f"b/{path}",
     )
     return f"diff --git a/{path} b/{path}\n" + "".join(diff)
 
@@ -166,8 +189,11 @@ async def synth(
     muts = list(mutations(source_files(repo, commit)))
     random.Random(seed).shuffle(muts)
     base = Instance(
-        instance_id=f"{name}-synth-base", repo=name, base_commit=commit,
-        problem_statement="(probe)", source="synth",
+        instance_id=f"{name}-synth-base",
+        repo=name,
+        base_commit=commit,
+        problem_statement="(probe)",
+        source="synth",
     )
     results: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="slr-synth-") as tmp:
@@ -194,22 +220,44 @@ async def synth(
                 p2p = sorted(t for t in passing if now.get(t) == "passed")
                 tid = f"{name}-{mut.name}"
                 if not f2p:
-                    results.append(Outcome(name=tid, reason="no test fails with this change",
-                                           seconds=time.monotonic() - started))
+                    results.append(
+                        Outcome(
+                            name=tid,
+                            reason="no test fails with this change",
+                            seconds=time.monotonic() - started,
+                        )
+                    )
                     progress(results[-1])
                     continue
                 inst = attrs.evolve(
-                    base, instance_id=tid,
+                    base,
+                    instance_id=tid,
                     bug_patch=unified_patch(mut.path, mut.original, mut.mutated),
-                    fail_to_pass=tuple(f2p), pass_to_pass=tuple(p2p),
+                    fail_to_pass=tuple(f2p),
+                    pass_to_pass=tuple(p2p),
                     problem_statement=statement(f2p),
                 )
                 folder = write_task(
-                    inst, out, repo_dir=repo, base_image=base_image, add_pytest=add_pytest,
-                    extra_metadata={"mutation": mut.kind, "function": mut.function, "file": mut.path},
+                    inst,
+                    out,
+                    repo_dir=repo,
+                    base_image=base_image,
+                    add_pytest=add_pytest,
+                    extra_metadata={
+                        "mutation": mut.kind,
+                        "function": mut.function,
+                        "file": mut.path,
+                    },
                 )
                 kept += 1
-                results.append(Outcome(name=tid, task=folder, fail_to_pass=len(f2p),
-                                       pass_to_pass=len(p2p), seconds=time.monotonic() - started))
+                results.append(
+                    Outcome(
+                        name=tid,
+                        task=folder,
+                        fail_to_pass=len(f2p),
+                        pass_to_pass=len(p2p),
+                        seconds=time.monotonic() - started,
+                    )
+                )
                 progress(results[-1])
     return results
