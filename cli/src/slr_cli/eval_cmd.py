@@ -12,7 +12,7 @@ from rich.table import Table
 
 from slr.errors import UsageError
 from slr.runs import RunDir
-from slr_cli.options import config_options, resolve_config
+from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
 
 
 def _run_config(checkpoint: Path) -> Path | None:
@@ -25,6 +25,7 @@ def _run_config(checkpoint: Path) -> Path | None:
 
 @click.command("eval")
 @config_options
+@harbor_options
 @click.option(
     "-k",
     "--samples",
@@ -34,24 +35,10 @@ def _run_config(checkpoint: Path) -> Path | None:
     help="Trials per task; pass@1..k is reported.",
 )
 @click.option(
-    "-p",
-    "--tasks",
-    "tasks_path",
-    type=click.Path(exists=True, path_type=Path),
-    help="Task folder, folder of tasks or .parquet index (shortcut for --set tasks.path=...).",
-)
-@click.option(
     "--checkpoint",
     type=click.Path(path_type=Path),
     help="Serve these weights: RUN/checkpoints/step-NNNNNN, or a run folder RUN for its "
     "latest complete checkpoint. Without -c, the run's own config.toml is the config.",
-)
-@click.option(
-    "-j",
-    "-n",
-    "--concurrency",
-    type=click.IntRange(min=1),
-    help="Trials at once (rollout.concurrency; Harbor's -n).",
 )
 @click.option(
     "--threshold",
@@ -79,14 +66,13 @@ def eval_(
     verifier,
     sets,
     samples,
-    tasks_path,
     checkpoint,
-    concurrency,
     threshold,
     output,
     name,
     resume,
     as_json,
+    **harbor,
 ) -> None:
     """Evaluate a policy on tasks without training: k trials per task, pass@1..k.
 
@@ -96,6 +82,7 @@ def eval_(
       slr eval -c run.toml -k 4 --checkpoint runs/RUN    what training made of it
       slr eval --agent oracle --backend local --tasks examples/tasks
                                                          check tasks, no model loaded
+      slr eval -a oracle -e docker -p TASKS -n 4         the same, with Harbor's options
 
     \b
     The engine, proxy, agent, backend and verifier come from the config as in `slr run`,
@@ -116,20 +103,10 @@ def eval_(
     from slr.evaluation import Evaluation
 
     if resume is not None:
-        given = (
-            config_path,
-            agent,
-            backend,
-            engine,
-            verifier,
-            tasks_path,
-            checkpoint,
-            output,
-            name,
-        )
+        given = (config_path, agent, backend, engine, verifier, checkpoint, output, name)
         if (
             sets
-            or concurrency
+            or any(v is not None for v in harbor.values())
             or samples != 1
             or threshold != 1.0
             or any(v is not None for v in given)
@@ -145,11 +122,7 @@ def eval_(
         config_path = _run_config(checkpoint)
         if config_path is not None:
             click.echo(f"config: {config_path} (the checkpoint's run)", err=True)
-    sets = list(sets)
-    if tasks_path is not None:
-        sets.append(f"tasks.path={json.dumps(str(tasks_path))}")
-    if concurrency is not None:
-        sets.append(f"rollout.concurrency={concurrency}")
+    sets = [*sets, *harbor_sets(**harbor)]
     cfg = resolve_config(
         config_path,
         agent,

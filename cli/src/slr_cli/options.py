@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -61,3 +62,96 @@ def resolve_config(
         sets=sets,
         only_plugins=only_plugins,
     )
+
+
+#: Harbor's run options, as ``slr run`` and ``slr eval`` spell them: (dest, decls, kwargs)
+_HARBOR_OPTIONS: list[tuple[str, tuple[str, ...], dict]] = [
+    (
+        "tasks_path",
+        ("-p", "--tasks"),
+        {
+            "type": click.Path(exists=True, path_type=Path),
+            "help": "Task folder, folder of tasks or .parquet index (tasks.path; Harbor's -p).",
+        },
+    ),
+    (
+        "model",
+        ("-m", "--model"),
+        {
+            "help": "The policy: a Hub id (Org/Name, from the local Hub cache), a model folder "
+            "or a packaged name (engine.model; Harbor's -m).",
+        },
+    ),
+    (
+        "concurrency",
+        ("-n", "-j", "--concurrency"),
+        {
+            "type": click.IntRange(min=1),
+            "help": "Trials at once (rollout.concurrency; Harbor's -n).",
+        },
+    ),
+    (
+        "timeout_multiplier",
+        ("--timeout-multiplier",),
+        {
+            "type": click.FloatRange(min=0.0, min_open=True),
+            "help": "Scale the agent and verifier timeouts of every task (as Harbor's).",
+        },
+    ),
+    (
+        "agent_timeout_multiplier",
+        ("--agent-timeout-multiplier",),
+        {
+            "type": click.FloatRange(min=0.0, min_open=True),
+            "help": "Scale every task's agent timeout (rollout.agent_timeout_multiplier); "
+            "overrides --timeout-multiplier.",
+        },
+    ),
+    (
+        "verifier_timeout_multiplier",
+        ("--verifier-timeout-multiplier",),
+        {
+            "type": click.FloatRange(min=0.0, min_open=True),
+            "help": "Scale every task's verifier timeout (verifier.timeout_multiplier); "
+            "overrides --timeout-multiplier.",
+        },
+    ),
+]
+
+#: the parameter names ``harbor_options`` adds
+HARBOR_OPTION_NAMES = tuple(dest for dest, _, _ in _HARBOR_OPTIONS)
+
+
+def harbor_options(fn):
+    """Harbor's options where they mean what Harbor means: ``-p`` tasks, ``-m`` model,
+    ``-n`` concurrency and the timeout multipliers; ``harbor_sets`` turns them into
+    ``--set`` overrides."""
+    for dest, decls, kwargs in reversed(_HARBOR_OPTIONS):
+        fn = click.option(*decls, dest, **kwargs)(fn)
+    return fn
+
+
+def harbor_sets(
+    *,
+    tasks_path: Path | None = None,
+    model: str | None = None,
+    concurrency: int | None = None,
+    timeout_multiplier: float | None = None,
+    agent_timeout_multiplier: float | None = None,
+    verifier_timeout_multiplier: float | None = None,
+) -> list[str]:
+    """The ``--set KEY=VALUE`` overrides that ``harbor_options``' values stand for."""
+    sets: list[str] = []
+    if tasks_path is not None:
+        sets.append(f"tasks.path={json.dumps(str(tasks_path))}")
+    if model is not None:
+        sets.append(f"engine.model={json.dumps(model)}")
+    if concurrency is not None:
+        sets.append(f"rollout.concurrency={concurrency}")
+    agent = agent_timeout_multiplier or timeout_multiplier
+    if agent is not None:
+        sets.append(f"rollout.agent_timeout_multiplier={agent!r}")
+    verifier = verifier_timeout_multiplier or timeout_multiplier
+    if verifier is not None:
+        sets.append(f"verifier.timeout_multiplier={verifier!r}")
+    return sets

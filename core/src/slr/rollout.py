@@ -246,6 +246,7 @@ class RolloutSession:
                 trial_id=spec.trial_id,
                 agent_name=self.config.agent.name,
                 run_id=self.run_dir.id,
+                agent_timeout_multiplier=self.config.rollout.agent_timeout_multiplier,
                 group_id=spec.group_id,
                 step=spec.step,
             )

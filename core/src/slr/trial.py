@@ -125,13 +125,15 @@ async def run_trial(
     agent_name: str | None = None,
     labels: Mapping[str, str] | None = None,
     agent_timeout_s: float | None = None,
+    agent_timeout_multiplier: float = 1.0,
     group_id: str | None = None,
     step: int | None = None,
     run_id: str | None = None,
 ) -> TrialResult:
     """Run one trial of ``task`` and return its record.
 
-    ``agent_timeout_s`` overrides the task's ``[agent] timeout_sec``. The sandbox carries
+    ``agent_timeout_s`` overrides the task's ``[agent] timeout_sec``; the timeout in force
+    (either) is scaled by ``agent_timeout_multiplier``, as Harbor scales it. The sandbox carries
     the run, trial and task labels (``slr.sandboxing.labels.trial_labels``) plus
     ``labels``, which cannot override them. Nothing is written here: recording a trial is
     ``slr.rollout.RolloutSession.record``'s job.
@@ -147,6 +149,7 @@ async def run_trial(
         agent_name=agent_name,
         labels=trial_labels(run_id=run_id, trial_id=trial_id, task_id=task.id, extra=labels),
         agent_timeout_s=agent_timeout_s,
+        agent_timeout_multiplier=agent_timeout_multiplier,
     )
     with slr_log.bound(trial_id=trial.trial_id, task_id=task.id):
         result = await trial.run()
@@ -207,6 +210,7 @@ class _Trial:
     agent_name: str | None
     labels: dict[str, str]
     agent_timeout_s: float | None
+    agent_timeout_multiplier: float
 
     def __init__(self, **kw: Any) -> None:
         self.__dict__.update(kw)
@@ -311,7 +315,7 @@ class _Trial:
             self.clock.on_first_call = self.meter.first_call
         self.meter.mark("agent")
         inner = attrs.evolve(endpoint, base_url=sandbox.proxy_url(endpoint.base_url))
-        timeout = self.agent_timeout_s or task.agent_timeout_s()
+        timeout = (self.agent_timeout_s or task.agent_timeout_s()) * self.agent_timeout_multiplier
         termination, error = T.COMPLETED, None
         async with self._timed("agent"):
             try:

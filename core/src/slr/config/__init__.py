@@ -87,6 +87,13 @@ class RolloutSection:
         "pool). Each is fresh and serves one trial; its CPU is charged to that trial.",
         validator=validators.ge(0),
     )
+    agent_timeout_multiplier: float = option(
+        1.0,
+        doc="Scales every task's agent timeout ([agent] timeout_sec), as Harbor's "
+        "--agent-timeout-multiplier does: a slow CPU model gets 3.0, a quick smoke test 0.5. "
+        "The verifier's is [verifier] timeout_multiplier.",
+        validator=validators.gt(0.0),
+    )
     temperature: float = option(
         1.0, doc="Sampling temperature for the policy.", validator=validators.ge(0.0)
     )
