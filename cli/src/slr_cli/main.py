@@ -14,6 +14,7 @@ from slr_cli import (
     check_tasks_cmd,
     config_cmd,
     eval_cmd,
+    export_cmd,
     new_cmd,
     plugins_cmd,
     run_cmd,
@@ -36,11 +37,13 @@ def cli() -> None:
       slr status runs/<id>        where a run stands
       slr check-tasks TASKS       validate tasks: oracle scores 1, nop scores 0
       slr serve --engine hf       the policy behind the proxy, for any scaffold by hand
+      slr export atif RUN -o OUT  trials as Harbor's trajectory format (ATIF)
     """
 
 
 cli.add_command(run_cmd.run)
 cli.add_command(eval_cmd.eval_)
+cli.add_command(export_cmd.export)
 cli.add_command(check_tasks_cmd.check_tasks)
 cli.add_command(plugins_cmd.plugins)
 cli.add_command(config_cmd.config)

@@ -38,6 +38,9 @@ from slr.runs import atomic_write
 
 log = structlog.get_logger()
 
+#: A closed session's transcript, ``<trials folder>/<trial_id>/proxy.json``.
+TRANSCRIPT = "proxy.json"
+
 
 @frozen(kw_only=True)
 class Session:
@@ -192,9 +195,10 @@ class Proxy:
         return state.trajectory()
 
     def write_transcript(self, session: Session, folder: Path) -> Path:
-        """Write ``<folder>/<trial_id>/proxy.json``: each call's decoded text, for people."""
+        """Write ``<folder>/<trial_id>/proxy.json``: each call's decoded text, for people
+        (and for ``slr export``)."""
         state = session._state
-        path = Path(folder) / session.trial_id / "proxy.json"
+        path = Path(folder) / session.trial_id / TRANSCRIPT
         doc = {
             "trial_id": session.trial_id,
             "termination": state.termination,
