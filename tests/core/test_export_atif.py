@@ -143,9 +143,10 @@ def test_a_tool_call_and_its_result_are_tied_by_id():
 
 
 def test_a_trial_without_model_calls_is_still_a_trajectory():
-    doc = trajectory(_record(trajectory=None), None)
+    doc = trajectory(_record(trajectory=None, agent="oracle"), None, model="Org/Tiny")
     parsed = Trajectory.model_validate(doc)
     assert [s.source for s in parsed.steps] == ["system"]
+    assert parsed.agent.model_name is None  # nothing was asked of the model
 
 
 def test_a_record_and_transcript_that_disagree_leave_the_ids_out():

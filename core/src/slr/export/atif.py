@@ -179,7 +179,7 @@ def trajectory(
         "name": trial.agent or "unknown",
         "version": trial.agent_version or "unknown",
     }
-    if model:
+    if model and agent_steps:  # a model-free agent's trial names no model
         agent["model_name"] = model
     return {
         "schema_version": SCHEMA_VERSION,
