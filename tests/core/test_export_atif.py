@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -48,7 +49,7 @@ def served_run(tmp_path_factory) -> Path:
             client = openai.AsyncOpenAI(
                 base_url=opened.openai_base_url, api_key=opened.token, max_retries=0
             )
-            history = [
+            history: list[Any] = [
                 {"role": "system", "content": "You are terse."},
                 {"role": "user", "content": "List the files."},
             ]
