@@ -1,8 +1,9 @@
 """Partial rollout, end to end: a generation spans a real optimizer step, and the trainer
 scores each version's tokens exactly as that version sampled them.
 
-The real hf engine (fp32) streams a generation; while it streams, the torch optimizer takes
-a step (v0 -> v1) and the engine gets the new weights with ``mode="partial"``. The
+The torch optimizer takes a step (v0 -> v1) while the real hf engine (fp32) still serves
+v0; a generation starts, and while it streams the engine gets the step's weights with
+``mode="partial"`` (the step itself runs first, so its duration cannot race the stream). The
 generation continues; its tokens carry versions 0 then 1; the trainer's recomputed
 log-probs under v0 (the optimizer before its step) and under v1 (after) match the behaviour
 log-probs of that version's tokens within 1e-4, and the batch's version metrics see both.
@@ -28,8 +29,8 @@ from slr.config import AlgorithmSection
 from slr.contracts import SamplingParams
 
 TEMPERATURE = 0.9
-MAX_TOKENS = 24
-SWITCH_AFTER = 6  # tokens streamed before the trainer steps and publishes
+MAX_TOKENS = 30
+SWITCH_AFTER = 6  # tokens streamed before the trainer's new weights are published
 
 
 @pytest.mark.timeout(120)
@@ -49,24 +50,23 @@ def test_an_interrupted_generation_is_scored_per_version_by_the_trainer():
         v0,
         prompts,
         n=4,
-        max_new_tokens=4,
+        max_new_tokens=3,
         temperature=TEMPERATURE,
         reward=lambda c: float(c[0] % 2 == 0),
         generator=torch.Generator().manual_seed(0),
     )
     prompt = chat_prompt(tok, [{"role": "user", "content": "make a folder"}])
     params = SamplingParams(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=3)
+    step_metrics = opt.step(training)
+    assert step_metrics["update/count"] == 1
+    v1_state = opt.export_weights()
 
     async def scenario():
         chunks, update = [], None
         async for chunk in engine.stream(prompt, params, session_id="partial"):
             chunks.append(chunk)
             if update is None and sum(len(c.token_ids) for c in chunks) >= SWITCH_AFTER:
-                step_metrics = opt.step(training)  # the trainer steps mid-generation
-                assert step_metrics["update/count"] == 1
-                update = asyncio.create_task(
-                    engine.update_weights(opt.export_weights(), mode="partial")
-                )
+                update = asyncio.create_task(engine.update_weights(v1_state, mode="partial"))
         assert update is not None
         return chunks, await update
 

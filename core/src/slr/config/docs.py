@@ -31,6 +31,8 @@ def _default(field: attrs.Attribute) -> str:
         value = default.factory()
     else:
         value = default
+    if value is None:
+        return "unset"
     return f"`{value!r}`" if not hasattr(value, "__fspath__") else f"`{str(value)!r}`"
 
 
@@ -48,7 +50,7 @@ def render_section(name: str, cls: type, doc: str | None = None) -> str:
             continue
         type_text = describe_type(hints[f.name]).replace("|", "\\|")
         lines.append(f"| `{f.name}` | {type_text} | {_default(f)} | {f.metadata['doc']} |")
-    return "\n".join([*lines, ""] + [f"\n{part}" for part in nested]).rstrip("\n") + "\n"
+    return "\n".join([*lines, "", *nested]).rstrip("\n") + "\n"
 
 
 def render_reference() -> str:
