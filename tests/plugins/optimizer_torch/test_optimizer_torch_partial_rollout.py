@@ -84,7 +84,10 @@ def test_an_interrupted_generation_is_scored_per_version_by_the_trainer():
     assert versions == [0] * split + [1] * (MAX_TOKENS - split)
 
     interrupted = trial(
-        "p", "p", [(prompt + ids, [0] * len(prompt) + [1] * len(ids), [0.0] * len(prompt) + lps)], 1.0
+        "p",
+        "p",
+        [(prompt + ids, [0] * len(prompt) + [1] * len(ids), [0.0] * len(prompt) + lps)],
+        1.0,
     )
     trajectory = interrupted.trajectory
     assert trajectory is not None
@@ -108,7 +111,9 @@ def test_an_interrupted_generation_is_scored_per_version_by_the_trainer():
         assert int(mine.sum()) == (split if v == 0 else MAX_TOKENS - split)
         assert float((scored[v][mine] - behaviour[mine]).abs().max()) <= 1e-4, v
     # the versions really differ on these tokens, so the match above says something
-    assert float((scored[0][token_versions == 1] - behaviour[token_versions == 1]).abs().max()) > 1e-3
+    assert (
+        float((scored[0][token_versions == 1] - behaviour[token_versions == 1]).abs().max()) > 1e-3
+    )
 
     # and the next step sees the spread: the weights being updated are v1
     metrics = opt.step([interrupted])

@@ -167,7 +167,9 @@ def resolve(
                 f"k2 / k3 (e.g. 0.01)"
             )
         try:
-            helper._parse_rollout_rs_thresholds(list(dict.fromkeys(names)), config.rollout_rs_threshold)
+            helper._parse_rollout_rs_thresholds(
+                list(dict.fromkeys(names)), config.rollout_rs_threshold
+            )
         except (TypeError, ValueError) as exc:
             raise ConfigError(
                 f"{where}.rollout_rs_threshold = {config.rollout_rs_threshold!r} is not valid "

@@ -177,9 +177,7 @@ class TorchOptimizer:
         metrics.update({k: float(v) for k, v in tb.stats.items()})
         # The weights being updated are version `steps` (the loop: after step N, version N).
         metrics.update(
-            version_metrics(
-                tb.weights_versions, tb.response_mask, tb.seq_trial, current=self.steps
-            )
+            version_metrics(tb.weights_versions, tb.response_mask, tb.seq_trial, current=self.steps)
         )
         self.steps += 1
         metrics["optimizer/steps"] = float(self.steps)
@@ -412,9 +410,7 @@ class TorchOptimizer:
                 kl_loss = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=mode, **info)
                 loss = loss + algo.kl_coef * kl_loss
                 if n_tokens:
-                    acc.add_weighted(
-                        {"actor/kl_ref": float(kld[mask].detach().mean())}, n_tokens
-                    )
+                    acc.add_weighted({"actor/kl_ref": float(kld[mask].detach().mean())}, n_tokens)
             if self.value_head is not None:
                 assert values is not None and tb.returns is not None
                 assert scores.values is not None  # scored with the value head
