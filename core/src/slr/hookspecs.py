@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from slr.config import Config
     from slr.contracts import TrialResult
+    from slr.preflight import RegisterCheck
     from slr.runs import RunDir
 
 hookspec = HookspecMarker("slr")
@@ -67,6 +68,19 @@ def register_optimizers(register: Register) -> None:
 @hookspec
 def register_engines(register: Register) -> None:
     """Register inference engines, implementing ``slr.contracts.Engine``."""
+
+
+@hookspec
+def register_loggers(register: Register) -> None:
+    """Register metric loggers (``[run] loggers = [NAME, ...]``), implementing
+    ``slr.loggers.MetricLogger``."""
+
+
+@hookspec
+def register_preflight_checks(register: RegisterCheck) -> None:
+    """Register preflight checks: ``register(name, check, *, stage="config")``, where
+    ``check(ctx: slr.preflight.Context)`` returns ``slr.preflight.CheckResult`` (or several,
+    or None when it does not apply to ``ctx.config``)."""
 
 
 @hookspec
