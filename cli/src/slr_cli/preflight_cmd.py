@@ -32,7 +32,7 @@ def gate(config, *, purpose: Purpose, skip: bool) -> None:
         on_line=lambda line: _echo(line, err=True) if line.result.status != "pass" else None,
     )
     click.echo(report.summary(), err=True)
-    require(report)
+    require(report, shown=True)
 
 
 def skip_preflight_option(fn):

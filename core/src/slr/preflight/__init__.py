@@ -219,12 +219,13 @@ def run_preflight(
     return run_checks(plugins.preflight_checks(), ctx, stages=stages, on_line=on_line)
 
 
-def require(report: Report) -> None:
-    """Raise ``PreflightFailed`` (one line per fatal, each with its fix) unless ``report`` passed."""
+def require(report: Report, *, shown: bool = False) -> None:
+    """Raise ``PreflightFailed`` unless ``report`` passed: one line per fatal, each with its
+    fix (only a count when ``shown``: the caller already printed them)."""
     if report.ok:
         return
+    count = f"preflight found {len(report.fatal)} fatal problem(s)"
+    if shown:
+        raise PreflightFailed(f"{count} (above); nothing was started")
     fatal_lines = "\n".join(line.text() for line in report.fatal)
-    raise PreflightFailed(
-        f"preflight found {len(report.fatal)} fatal problem(s); nothing was started:\n"
-        f"{fatal_lines}"
-    )
+    raise PreflightFailed(f"{count}; nothing was started:\n{fatal_lines}")

@@ -48,8 +48,15 @@ def check_api(ctx: Context) -> CheckResult | None:
         finally:
             api.close()
     except SandboxError as exc:
-        return fatal(str(exc), fix="see the message; `kubectl get pods -n NAMESPACE` confirms", doc=DOC_API)
-    return ok(f"Kubernetes {version} at {api.host} ({api.source}); pods in {options.namespace!r} listable")
+        return fatal(
+            str(exc),
+            fix=f"`kubectl get pods -n {options.namespace}` with the same kubeconfig must work",
+            doc=DOC_API,
+        )
+    return ok(
+        f"Kubernetes {version} at {api.host} ({api.source}); pods in {options.namespace!r} "
+        f"listable"
+    )
 
 
 def check_images(ctx: Context) -> CheckResult | None:
@@ -60,7 +67,9 @@ def check_images(ctx: Context) -> CheckResult | None:
         return None
     from slr_backend_k8s.images import DEFAULT_CONTAINERD
 
-    address = options.containerd_address or os.environ.get("CONTAINERD_ADDRESS") or DEFAULT_CONTAINERD
+    address = (
+        options.containerd_address or os.environ.get("CONTAINERD_ADDRESS") or DEFAULT_CONTAINERD
+    )
     if not os.path.exists(address):
         return fatal(
             f"image_load = 'containerd' but there is no containerd socket at {address!r}",
