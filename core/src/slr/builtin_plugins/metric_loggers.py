@@ -26,7 +26,7 @@ def _each(run_dir: Any, what: str, call) -> None:
         try:
             call(logger)
         except Exception:
-            log.exception("metric logger failed", logger=type(logger).__name__, event=what)
+            log.exception("metric logger failed", metric_logger=type(logger).__name__, hook=what)
 
 
 @hookimpl
@@ -40,7 +40,7 @@ def on_run_started(run_dir, config):
             logger = plugins.get("logger", name).create(config=config)
             logger.start(run_dir, config)
         except Exception:
-            log.exception("metric logger could not start; the run goes on without it", logger=name)
+            log.exception("metric logger could not start; the run goes on without it", metric_logger=name)
             continue
         loggers.append(logger)
     _active[Path(run_dir.path)] = loggers

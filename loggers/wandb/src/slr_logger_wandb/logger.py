@@ -46,6 +46,12 @@ class WandbLogger:
         self.run.log(scalars(metrics), step=step)
 
     def finish(self, status: str) -> None:
-        if self.run is not None:
-            self.run.finish(exit_code=0 if status == "completed" else 1)
-            self.run = None
+        if self.run is None:
+            return
+        import wandb
+
+        self.run.finish(exit_code=0 if status == "completed" else 1)
+        self.run = None
+        # finish() returns once the run is closed, not once wandb's service has written it
+        # out; ending the service makes the run's files complete when the run ends.
+        wandb.teardown()
