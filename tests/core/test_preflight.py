@@ -11,8 +11,7 @@ from slr import hookimpl
 from slr.builtin_plugins import preflight_checks
 from slr.config import load_config
 from slr.errors import SlrError
-from slr.plugins import get_plugin_manager
-from slr.plugins import BUILTIN_PLUGINS
+from slr.plugins import BUILTIN_PLUGINS, get_plugin_manager
 from slr.preflight import (
     CheckResult,
     Context,
@@ -60,7 +59,10 @@ def core(cfg, purpose="run"):
 
 def structure(tmp_path, *sets, purpose="run", **choose):
     return run_preflight(
-        config(tmp_path, *sets, **choose), get_plugin_manager(), purpose=purpose, structure_only=True
+        config(tmp_path, *sets, **choose),
+        get_plugin_manager(),
+        purpose=purpose,
+        structure_only=True,
     )
 
 

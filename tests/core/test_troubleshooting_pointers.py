@@ -27,9 +27,7 @@ def slug(heading: str) -> str:
 
 
 def anchors(page: Path) -> set[str]:
-    return {
-        slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", page.read_text(), re.MULTILINE)
-    }
+    return {slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", page.read_text(), re.MULTILINE)}
 
 
 def resolves(target: Path, anchor: str) -> str | None:

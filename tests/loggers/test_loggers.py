@@ -102,7 +102,6 @@ def test_wandb_offline_run_reads_back_with_wandb(tmp_path, monkeypatch):
         elif kind == "run":  # the run record carries the config given to wandb.init
             config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
     assert [(h["_step"], h["reward/mean"], h["loss"]) for h in history] == [
-
         (1, 0.25, 1.5),
         (2, 0.75, 0.5),
     ]

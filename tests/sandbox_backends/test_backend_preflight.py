@@ -15,9 +15,7 @@ from slr.preflight import Context, run_checks
 
 def check(name: str, backend: str, *sets: str):
     plugins = get_plugin_manager()
-    cfg = load_config(
-        plugins=plugins, choose={"agent": "nop", "backend": backend}, sets=list(sets)
-    )
+    cfg = load_config(plugins=plugins, choose={"agent": "nop", "backend": backend}, sets=list(sets))
     checks = [c for c in plugins.preflight_checks() if c.name == name]
     assert checks, f"no preflight check {name!r} is registered"
     report = run_checks(checks, Context(config=cfg, plugins=plugins))

@@ -23,7 +23,6 @@ from slr_cli import (
     status_cmd,
 )
 
-
 TROUBLESHOOTING = "docs/troubleshooting/README.md"
 
 

@@ -40,7 +40,9 @@ def on_run_started(run_dir, config):
             logger = plugins.get("logger", name).create(config=config)
             logger.start(run_dir, config)
         except Exception:
-            log.exception("metric logger could not start; the run goes on without it", metric_logger=name)
+            log.exception(
+                "metric logger could not start; the run goes on without it", metric_logger=name
+            )
             continue
         loggers.append(logger)
     _active[Path(run_dir.path)] = loggers

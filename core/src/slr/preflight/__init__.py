@@ -28,7 +28,6 @@ from slr.errors import UsageError
 
 if TYPE_CHECKING:
     from slr.config import Config
-    from slr.plugins import PluginManager
 
 Status = Literal["pass", "warn", "fatal"]
 Stage = Literal["config", "machine", "data"]
@@ -68,12 +67,20 @@ def fatal(message: str, *, fix: str, doc: str = "") -> CheckResult:
     return CheckResult(status="fatal", message=message, fix=fix, doc=doc)
 
 
+class Plugins(Protocol):
+    """What the preflight needs of the plugin manager (``slr.plugins.PluginManager``)."""
+
+    def get(self, kind: str, name: str) -> Any: ...
+
+    def preflight_checks(self) -> list[Check]: ...
+
+
 @frozen(kw_only=True)
 class Context:
     """What a check is given: the resolved config, the plugins, and what is about to run."""
 
     config: Config
-    plugins: PluginManager
+    plugins: Plugins
     purpose: Purpose = "run"
 
     def uses(self, section: str, name: str) -> bool:
@@ -147,7 +154,10 @@ class Report:
         return not self.fatal
 
     def summary(self) -> str:
-        counts = {s: sum(line.result.status == s for line in self.lines) for s in ("pass", "warn", "fatal")}
+        counts = {
+            s: sum(line.result.status == s for line in self.lines)
+            for s in ("pass", "warn", "fatal")
+        }
         text = f"preflight: {counts['pass']} pass, {counts['warn']} warn, {counts['fatal']} fatal"
         if self.skipped_stages:
             text += f"; not run: {', '.join(self.skipped_stages)} checks (fix the fatal first)"
@@ -207,7 +217,7 @@ def run_checks(
 
 def run_preflight(
     config: Config,
-    plugins: PluginManager,
+    plugins: Plugins,
     *,
     purpose: Purpose = "run",
     structure_only: bool = False,

@@ -27,8 +27,7 @@ def chat_template_round_trip(tokenizer: Any) -> CheckResult:
     if not template:
         return fatal(
             "the tokenizer has no chat template; the proxy renders every request with it",
-            fix="use an instruct / chat model, or add a chat_template to its "
-            "tokenizer_config.json",
+            fix="use an instruct / chat model, or add a chat_template to its tokenizer_config.json",
         )
     messages = [
         {"role": "system", "content": "You are a coding agent."},

@@ -27,13 +27,14 @@ class TensorBoardLogger:
     def log_step(self, step: int, metrics: Mapping[str, Any]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
+        # Generated protobuf modules: their classes are made at import, unseen by pyright.
+        summary_cls: Any = summary_pb2.Summary  # pyright: ignore[reportAttributeAccessIssue]
+        event_cls: Any = event_pb2.Event  # pyright: ignore[reportAttributeAccessIssue]
         values = [
-            summary_pb2.Summary.Value(tag=tag, simple_value=value)
+            summary_cls.Value(tag=tag, simple_value=value)
             for tag, value in scalars(metrics).items()
         ]
-        event = event_pb2.Event(
-            wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)
-        )
+        event = event_cls(wall_time=time.time(), step=step, summary=summary_cls(value=values))
         self.writer.add_event(event)
         self.writer.flush()  # a step is minutes of compute: never lose its line
 

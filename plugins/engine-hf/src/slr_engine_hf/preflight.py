@@ -58,8 +58,7 @@ def check_model(ctx: Context) -> list[CheckResult] | None:
     if limit and options.max_context > limit:
         results.append(
             fatal(
-                f"engine.max_context = {options.max_context} exceeds the model's own limit "
-                f"{limit}",
+                f"engine.max_context = {options.max_context} exceeds the model's own limit {limit}",
                 fix=f"set engine.max_context to at most {limit} (or 0: the model's own)",
             )
         )

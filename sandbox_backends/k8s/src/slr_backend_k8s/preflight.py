@@ -42,9 +42,7 @@ def check_api(ctx: Context) -> CheckResult | None:
                     options.namespace, limit=1, _request_timeout=REQUEST_TIMEOUT
                 )
             except Exception as exc:
-                raise explain(
-                    exc, "listing pods", api=api, namespace=options.namespace
-                ) from exc
+                raise explain(exc, "listing pods", api=api, namespace=options.namespace) from exc
         finally:
             api.close()
     except SandboxError as exc:
@@ -54,8 +52,7 @@ def check_api(ctx: Context) -> CheckResult | None:
             doc=DOC_API,
         )
     return ok(
-        f"Kubernetes {version} at {api.host} ({api.source}); pods in {options.namespace!r} "
-        f"listable"
+        f"Kubernetes {version} at {api.host} ({api.source}); pods in {options.namespace!r} listable"
     )
 
 

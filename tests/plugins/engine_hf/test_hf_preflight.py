@@ -7,14 +7,14 @@ import copy
 from pathlib import Path
 
 import pytest
+from slr_engine_hf.config import DEFAULT_MODEL
+from slr_engine_hf.models import ensure_tokenizer
 from transformers import AutoTokenizer
 
 from slr.config import load_config
 from slr.plugins import get_plugin_manager
 from slr.preflight import Context, run_checks
 from slr.preflight.model import chat_template_round_trip, tool_call_round_trip
-from slr_engine_hf.config import DEFAULT_MODEL
-from slr_engine_hf.models import ensure_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
 
