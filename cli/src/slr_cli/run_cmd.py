@@ -44,7 +44,9 @@ def run(
                 "drop -c/--set/--agent/... (edit RUN/config.toml to change it)"
             )
         cfg = None
-        checked = load_config(resume / RunDir.CONFIG, plugins=get_plugin_manager())
+        # the saved config is checked as the resumed run will use it
+        saved = RunDir.open(resume).path / RunDir.CONFIG
+        checked = load_config(saved, plugins=get_plugin_manager())
     else:
         cfg = checked = resolve_config(
             config_path, agent, backend, engine, optimizer, verifier, sets
