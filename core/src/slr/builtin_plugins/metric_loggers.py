@@ -33,9 +33,12 @@ def _each(run_dir: Any, what: str, call) -> None:
 def on_run_started(run_dir, config):
     from slr.plugins import get_plugin_manager
 
+    names = getattr(getattr(config, "run", None), "loggers", ())  # a run config, or no loggers
+    if not names:
+        return
     plugins = get_plugin_manager()
     loggers = []
-    for name in config.run.loggers:
+    for name in names:
         try:
             logger = plugins.get("logger", name).create(config=config)
             logger.start(run_dir, config)
