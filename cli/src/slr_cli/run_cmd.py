@@ -6,8 +6,12 @@ from pathlib import Path
 
 import click
 
+from slr.config import load_config
 from slr.errors import SlrError, UsageError
+from slr.plugins import get_plugin_manager
+from slr.runs import RunDir
 from slr_cli.options import config_options, resolve_config
+from slr_cli.preflight_cmd import gate, skip_preflight_option
 
 
 @click.command()
@@ -17,7 +21,10 @@ from slr_cli.options import config_options, resolve_config
     type=click.Path(file_okay=False, path_type=Path),
     help="Continue the run in this run directory (runs/<run-id>) where it stopped.",
 )
-def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume) -> None:
+@skip_preflight_option
+def run(
+    config_path, agent, backend, engine, optimizer, verifier, sets, resume, skip_preflight
+) -> None:
     """Train a coding agent with online RL.
 
     \b
@@ -27,7 +34,8 @@ def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume) 
       slr run --resume runs/quickstart-20261130-101500
 
     The config is resolved and validated first (see `slr config show`); an unknown plugin or
-    key stops the run before anything starts.
+    key stops the run before anything starts, and so does a fatal preflight check (see
+    `slr preflight`).
     """
     if resume is not None:
         if config_path or sets or any((agent, backend, engine, optimizer, verifier)):
@@ -36,8 +44,14 @@ def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume) 
                 "drop -c/--set/--agent/... (edit RUN/config.toml to change it)"
             )
         cfg = None
+        # the saved config is checked as the resumed run will use it
+        saved = RunDir.open(resume).path / RunDir.CONFIG
+        checked = load_config(saved, plugins=get_plugin_manager())
     else:
-        cfg = resolve_config(config_path, agent, backend, engine, optimizer, verifier, sets)
+        cfg = checked = resolve_config(
+            config_path, agent, backend, engine, optimizer, verifier, sets
+        )
+    gate(checked, purpose="run", skip=skip_preflight)
     try:
         from slr.training import train  # the sync or async loop, as run.mode says
     except ImportError:

@@ -61,6 +61,11 @@ class RunSection:
         "steps on finished groups and pushes weights mid-generation (partial rollout); "
         "staleness is bounded by `rollout.max_staleness`. See docs/training.md.",
     )
+    loggers: list[str] = option(
+        factory=list,
+        doc="Metric logger plugins fed every step's metrics, e.g. ['tensorboard', 'wandb'] "
+        "(pip install slr-logger-NAME); metrics.jsonl is always written.",
+    )
 
 
 @frozen(kw_only=True)
@@ -352,6 +357,8 @@ def load_config(
                 f"unknown config section {key!r}.{hint} Sections: {', '.join(allowed)}"
             )
     base = structure(core, _CoreOnly, path="")
+    for logger in base.run.loggers:
+        plugins.get("logger", logger)  # an unknown logger fails here, with what is installed
     choices = {}
     for section, kind in PLUGIN_SECTIONS.items():
         raw = data.get(section, {})
