@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -17,7 +18,15 @@ from slr_cli.options import config_options, resolve_config
     type=click.Path(file_okay=False, path_type=Path),
     help="Continue the run in this run directory (runs/<run-id>) where it stopped.",
 )
-def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume) -> None:
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="Run on this Ray cluster: auto (joined with `ray start`), host:port, "
+    "ray://host:port, or local. Same as --set run.ray_address=ADDR.",
+)
+def run(
+    config_path, agent, backend, engine, optimizer, verifier, sets, resume, ray_address
+) -> None:
     """Train a coding agent with online RL.
 
     \b
@@ -25,10 +34,13 @@ def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume) 
       slr run -c examples/quickstart/slr.toml
       slr run --agent opencode --backend docker --set rollout.n_per_task=8
       slr run --resume runs/quickstart-20261130-101500
+      slr run --ray-address auto --set run.engine_replicas=4 --set run.engine_resources.GPU=1
 
     The config is resolved and validated first (see `slr config show`); an unknown plugin or
     key stops the run before anything starts.
     """
+    if ray_address is not None:
+        sets = (*sets, f"run.ray_address={json.dumps(ray_address)}")
     if resume is not None:
         if config_path or sets or any((agent, backend, engine, optimizer, verifier)):
             raise UsageError(

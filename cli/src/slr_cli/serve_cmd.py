@@ -7,7 +7,7 @@ import signal
 
 import click
 
-from slr.config import PLUGIN_SECTIONS
+from slr.loop import build_plugin
 from slr.plugins import get_plugin_manager
 from slr.rollout import RolloutSession
 from slr.runs import RunDir
@@ -47,7 +47,7 @@ def serve(config_path, agent, backend, engine, optimizer, verifier, sets, port, 
 
 async def _serve(cfg, n_sessions: int) -> None:
     plugins = get_plugin_manager()
-    engine = plugins.get(PLUGIN_SECTIONS["engine"], cfg.engine.name).create(cfg.engine.options)
+    engine = build_plugin(cfg, plugins, "engine")  # embedded, or [run] engine_replicas actors
     run = RunDir.create(cfg.run.runs_dir, f"serve-{cfg.run.name}", cfg.to_toml())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
