@@ -203,20 +203,22 @@ def main() -> None:
                 return await asyncio.gather(*(one(ids, f"d{i}") for i, ids in enumerate(prompts)))
 
             direct_lat = [x for row in pt.call(direct()) for x in row]
-            per_run.setdefault(f"{n} sessions", []).append({
-                "calls": len(added),
-                "added_ms_p50": round(1000 * pct(added, 50), 2),
-                "added_ms_p99": round(1000 * pct(added, 99), 2),
-                "http_floor_ms_p50": round(1000 * pct(floor, 50), 2),
-                "proxy_thread_cpu_ms_per_request": round(
-                    1000 * cpu_total / (len(added) + len(floor)), 2
-                ),
-                "proxy_e2e_ms_p50": round(1000 * pct(e2e, 50), 1),
-                "proxy_e2e_ms_p99": round(1000 * pct(e2e, 99), 1),
-                "engine_in_proxy_ms_p50": round(1000 * pct(eng, 50), 1),
-                "direct_engine_ms_p50": round(1000 * pct(direct_lat, 50), 1),
-                "direct_engine_ms_p99": round(1000 * pct(direct_lat, 99), 1),
-            })
+            per_run.setdefault(f"{n} sessions", []).append(
+                {
+                    "calls": len(added),
+                    "added_ms_p50": round(1000 * pct(added, 50), 2),
+                    "added_ms_p99": round(1000 * pct(added, 99), 2),
+                    "http_floor_ms_p50": round(1000 * pct(floor, 50), 2),
+                    "proxy_thread_cpu_ms_per_request": round(
+                        1000 * cpu_total / (len(added) + len(floor)), 2
+                    ),
+                    "proxy_e2e_ms_p50": round(1000 * pct(e2e, 50), 1),
+                    "proxy_e2e_ms_p99": round(1000 * pct(e2e, 99), 1),
+                    "engine_in_proxy_ms_p50": round(1000 * pct(eng, 50), 1),
+                    "direct_engine_ms_p50": round(1000 * pct(direct_lat, 50), 1),
+                    "direct_engine_ms_p99": round(1000 * pct(direct_lat, 99), 1),
+                }
+            )
         for key, runs in per_run.items():
             report[key] = {
                 name: {

@@ -320,12 +320,17 @@ def test_closing_a_proxy_session_unpins_it_from_the_balancer(replicas):
     from slr.proxy import Proxy
 
     lb = LoadBalancer(replicas, names=["a", "b"])
-    proxy = Proxy(lb, ProxySection(), sampling=SamplingParams(max_tokens=2))
-    session = proxy.open_session("forget-me")
-    asyncio.run(lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id=session.token))
-    pinned = lb.replica_of(session.token)
-    proxy.close_session(session)
-    assert pinned is not None and lb.replica_of(session.token) is None
+
+    async def run():
+        async with Proxy(lb, ProxySection(), sampling=SamplingParams(max_tokens=2)) as proxy:
+            session = proxy.open_session("forget-me")
+            await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id=session.token)
+            pinned = lb.replica_of(session.token)
+            proxy.close_session(session)
+            return session.token, pinned
+
+    token, pinned = asyncio.run(run())
+    assert pinned is not None and lb.replica_of(token) is None
     assert sum(r["sessions"] for r in lb.metrics()["replicas"].values()) == 0
 
 

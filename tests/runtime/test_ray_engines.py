@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import attrs
 import pytest
 from slr_engine_hf import tiny
 
@@ -66,6 +67,17 @@ def test_replicas_are_actors_on_the_two_engine_nodes(balancer, ray_cluster):
     nodes = [e.node_id for e in engines]
     assert len(set(nodes)) == 2 and set(nodes) == set(ray_cluster.node_ids("engine"))
     assert all(e.pid != __import__("os").getpid() for e in engines)
+
+
+def test_replicas_no_node_can_hold_fail_at_once_naming_the_resource(ray_cluster, model_folder):
+    from slr.errors import UsageError
+    from slr.runtime.engines import start_engine_replicas
+
+    config = replica_config(model_folder, replicas=1)
+    config = attrs.evolve(config, run=attrs.evolve(config.run, engine_resources={"engine": 2}))
+    with pytest.raises(UsageError) as info:
+        start_engine_replicas(config)
+    assert "engine = 2" in str(info.value) and "engine: 1, 1, 0, 0" in str(info.value)
 
 
 def test_a_consumer_that_stops_cancels_the_generation_in_the_actor(balancer):

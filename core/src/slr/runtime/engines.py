@@ -146,8 +146,8 @@ class EngineActor:
         return bool(await self.engine.health())
 
     async def stats(self) -> dict[str, Any]:
-        stats = getattr(self.engine, "stats", None)
-        return dict(stats()) if callable(stats) else {}
+        stats: Any = getattr(self.engine, "stats", None)
+        return {} if stats is None else dict(stats())
 
     async def close(self) -> None:
         await self.engine.close()
@@ -201,6 +201,7 @@ class RayEngine:
         self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None
     ) -> AsyncIterator[GenerationChunk]:
         import ray
+        from ray.exceptions import RayError
 
         if self._closed:
             raise EngineUnavailable(f"engine replica {self.name} is closed")
@@ -210,7 +211,7 @@ class RayEngine:
             async for ref in calls:
                 try:
                     item = await ref
-                except ray.exceptions.RayError as exc:
+                except RayError as exc:
                     finished = True
                     raise self._gone(exc) from exc
                 if isinstance(item, _Failure):
@@ -223,8 +224,10 @@ class RayEngine:
                 if finished:
                     return
             finished = True
-            raise EngineUnavailable(f"engine replica {self.name} ended a stream without a final chunk")
-        except ray.exceptions.RayError as exc:
+            raise EngineUnavailable(
+                f"engine replica {self.name} ended a stream without a final chunk"
+            )
+        except RayError as exc:
             finished = True
             raise self._gone(exc) from exc
         finally:
@@ -247,11 +250,12 @@ class RayEngine:
         """``state_dict``: a mapping of tensors, or an object reference to one (what the
         balancer passes: put once, shared by every replica)."""
         import ray
+        from ray.exceptions import RayError
 
         ref = state_dict if isinstance(state_dict, ray.ObjectRef) else ray.put(dict(state_dict))
         try:
             result = await self.actor.update_weights.remote(ref, version, mode)
-        except ray.exceptions.RayError as exc:
+        except RayError as exc:
             raise self._gone(exc) from exc
         if isinstance(result, _Failure):
             raise result.error(self.name)
@@ -262,7 +266,7 @@ class RayEngine:
     async def health(self) -> bool:
         """True when the actor answers and serves the latest published weights (a replica
         Ray restarted is first brought to them)."""
-        import ray
+        from ray.exceptions import RayError
 
         if self._closed:
             return False
@@ -275,7 +279,7 @@ class RayEngine:
                 result = await self.actor.update_weights.remote(ref, expected, "drain")
                 ok = not isinstance(result, _Failure)
             return bool(ok)
-        except (ray.exceptions.RayError, TimeoutError):
+        except (RayError, TimeoutError):
             return False
 
     async def stats(self) -> dict[str, Any]:
@@ -285,13 +289,14 @@ class RayEngine:
     async def close(self) -> None:
         """Stop the engine, then end the actor's process."""
         import ray
+        from ray.exceptions import RayError
 
         if self._closed:
             return
         self._closed = True
         try:
             await asyncio.wait_for(self.actor.close.remote(), 60)
-        except (ray.exceptions.RayError, TimeoutError):
+        except (RayError, TimeoutError):
             pass  # already gone, or hung: the kill below ends it either way
         ray.kill(self.actor)
         if self._connection is not None:
@@ -325,7 +330,7 @@ def check_placeable(resources: Mapping[str, float], replicas: int) -> None:
         per_node = [float(n.get(key, 0)) for n in nodes]
         total = sum(int(capacity // amount) if amount else replicas for capacity in per_node)
         if total < replicas:
-            have = ", ".join(f"{c:g}" for c in per_node) or "no nodes"
+            have = ", ".join(f"{c:g}" for c in sorted(per_node, reverse=True)) or "no nodes"
             raise UsageError(
                 f"run.engine_resources asks {key} = {amount:g} for each of "
                 f"{replicas} engine replica(s), but the Ray cluster's nodes have {key}: "
@@ -343,6 +348,7 @@ def start_engine_replicas(
     returns the balancer; closing it kills the actors and releases the Ray connection.
     """
     import ray
+    from ray.exceptions import GetTimeoutError, RayError
 
     run = config.run
     count = int(run.engine_replicas)
@@ -355,7 +361,7 @@ def start_engine_replicas(
         remote = ray.remote(EngineActor)
         data = config.to_dict()
         names = [f"engine-{i}" for i in range(count)]
-        actors = [
+        actors: list[Any] = [
             remote.options(  # pyright: ignore[reportAttributeAccessIssue]
                 max_restarts=MAX_RESTARTS, **actor_options(resources)
             ).remote(data, name)
@@ -363,7 +369,7 @@ def start_engine_replicas(
         ]
         try:
             infos = ray.get([a.describe.remote() for a in actors], timeout=START_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
+        except GetTimeoutError:
             for a in actors:
                 ray.kill(a)
             raise UsageError(
@@ -371,7 +377,7 @@ def start_engine_replicas(
                 f"{START_TIMEOUT_S:g}s; the cluster has {ray.available_resources()} free. "
                 f"Lower run.engine_replicas or change run.engine_resources"
             ) from None
-        except ray.exceptions.RayError as exc:
+        except RayError as exc:
             for a in actors:
                 ray.kill(a)
             raise EngineUnavailable(f"an engine replica failed to start: {exc}") from exc

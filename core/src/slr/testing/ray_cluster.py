@@ -64,11 +64,13 @@ def simulated_cluster(
         for role, cpus, units in nodes:
             node = cluster.add_node(num_cpus=cpus, resources={role: units}, **common)
             started.append((role, node.node_id))
+        head = cluster.head_node
+        assert head is not None  # initialize_head=True started it
         ray.init(address=cluster.address, configure_logging=False)
         try:
             yield SimulatedCluster(
-                address=cluster.address,
-                head_node_id=cluster.head_node.node_id,
+                address=str(cluster.address),
+                head_node_id=head.node_id,
                 nodes=tuple(started),
                 cluster=cluster,
             )
