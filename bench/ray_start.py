@@ -12,7 +12,9 @@ warm but the OS page cache):
   (``[run] engine_replicas = 1``) until it answers, beside ``embedded_start_s``: the same
   engine built in the driver (what ``engine_replicas = 0`` pays);
 * with ``--run-dir`` (a finished quickstart run), the run's wall time from its
-  ``metrics.jsonl`` (sum of ``time/step_s``), and Ray's extra start cost as a share of it.
+  ``metrics.jsonl`` (sum of ``time/step_s``), or that time given as ``--quickstart-s``, and
+  Ray's extra start cost (Ray's start, plus the replica's start beyond the embedded
+  engine's) as a share of it.
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--run-dir", type=Path, help="a finished quickstart run, for the share")
+    ap.add_argument(
+        "--quickstart-s", type=float, help="the quickstart's wall time in s, without a run dir"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -124,8 +129,8 @@ def main() -> None:
         report["replica_start_s"]["median"] - report["embedded_start_s"]["median"]
     )
     report["ray_extra_start_s"] = round(extra, 2)
-    if args.run_dir is not None:
-        wall = run_wall_s(args.run_dir)
+    wall = run_wall_s(args.run_dir) if args.run_dir is not None else args.quickstart_s
+    if wall is not None:
         report["quickstart_wall_s"] = round(wall, 1)
         report["ray_share_of_quickstart"] = round(extra / wall, 4) if wall else None
     if not args.json:

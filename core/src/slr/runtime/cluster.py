@@ -16,9 +16,10 @@ Addresses (``[run] ray_address``, ``slr run --ray-address``):
 Why the loopback setting is an environment variable: Ray resolves "127.0.0.1" to the
 machine's interface address everywhere a node or a driver announces itself, unless
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is 0 (its switch for "this is a single machine"),
-which it reads once, at import. ``loopback_environment`` holds the settings; a local start
-applies them before Ray is first imported, and the test cluster (``slr.testing.ray``)
-applies them too, so its head and nodes all stay on 127.0.0.1.
+which it reads once, at import. ``stay_on_loopback`` applies the settings (to the
+environment of the Ray processes to come, and to this process's Ray if it is imported
+already); a local start calls it, and so does the test cluster
+(``slr.testing.ray_cluster``), so its head, its nodes and the driver stay on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -124,10 +125,21 @@ def release() -> None:
         _state.address = None
 
 
+def stay_on_loopback() -> None:
+    """Keep the Ray processes this process starts, and its own driver, on 127.0.0.1.
+
+    Sets ``loopback_environment()`` for the processes started from now on; if this process
+    imported Ray already (some library may have), it read its switch at that import, so
+    the switch is set where Ray reads it at each call as well."""
+    os.environ.update(loopback_environment())
+    if "ray" in sys.modules:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def _start_local(num_cpus: int | None) -> None:
-    if "ray" not in sys.modules:
-        for key, value in loopback_environment().items():
-            os.environ.setdefault(key, value)
+    stay_on_loopback()
     import ray
 
     # address="local": never join a Ray found under /tmp/ray (possibly a dead one).

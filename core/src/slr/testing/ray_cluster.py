@@ -9,14 +9,13 @@ then reuses that connection and never shuts it down).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from attrs import frozen
 
-from slr.runtime.cluster import LOOPBACK, loopback_environment
+from slr.runtime.cluster import LOOPBACK, stay_on_loopback
 
 #: One entry per node besides the head: (role, CPUs, units of the role's custom resource).
 #: Two engine nodes with one unit each: two replicas asking {engine = 1} land on different
@@ -44,8 +43,7 @@ def simulated_cluster(
     nodes: Sequence[tuple[str, int, int]] = DEFAULT_NODES, *, head_cpus: int = 1
 ) -> Iterator[SimulatedCluster]:
     """Start the cluster and connect this process to it; tear both down at the end."""
-    for key, value in loopback_environment().items():
-        os.environ.setdefault(key, value)
+    stay_on_loopback()
     import ray
     from ray.cluster_utils import Cluster
 
