@@ -39,6 +39,8 @@ from slr.contracts import (
 
 #: Errors that are the caller's fault: the same request would fail on any replica.
 CLIENT_ERRORS: tuple[type[BaseException], ...] = (ContextOverflow, ValueError, TypeError)
+#: Seconds a replica's health check may take before it counts as unhealthy.
+HEALTH_TIMEOUT_S = 30.0
 
 
 @frozen(kw_only=True)
@@ -251,14 +253,7 @@ class LoadBalancer:
 
     async def check_health(self) -> dict[str, bool]:
         """Ask every replica; mark the unhealthy ones down and the recovered ones up."""
-
-        async def ask(replica: _Replica) -> bool:
-            try:
-                return bool(await asyncio.wait_for(replica.engine.health(), 30))
-            except Exception:
-                return False
-
-        answers = await asyncio.gather(*(ask(r) for r in self._replicas))
+        answers = await asyncio.gather(*(self._ask(r) for r in self._replicas))
         for replica, ok in zip(self._replicas, answers, strict=True):
             if not ok and replica.up:
                 self._mark_down(replica, "health check failed")
@@ -269,14 +264,7 @@ class LoadBalancer:
     async def probe_down(self) -> list[str]:
         """Ask only the replicas marked down; readmit the healthy ones. Returns their names."""
         down = [r for r in self._replicas if not r.up]
-
-        async def ask(replica: _Replica) -> bool:
-            try:
-                return bool(await asyncio.wait_for(replica.engine.health(), 30))
-            except Exception:
-                return False
-
-        answers = await asyncio.gather(*(ask(r) for r in down))
+        answers = await asyncio.gather(*(self._ask(r) for r in down))
         back = []
         for replica, ok in zip(down, answers, strict=True):
             if ok and not replica.up and not self._closed:
@@ -296,6 +284,13 @@ class LoadBalancer:
         finally:
             self._waiters = [(c, f) for c, f in self._waiters if f is not future]
 
+    @staticmethod
+    async def _ask(replica: _Replica) -> bool:
+        try:
+            return bool(await asyncio.wait_for(replica.engine.health(), HEALTH_TIMEOUT_S))
+        except Exception:
+            return False
+
     def _readmit(self, replica: _Replica) -> None:
         replica.up = True  # it takes new sessions again; moved ones stay moved
         self._counts["readmissions"] += 1
@@ -310,11 +305,12 @@ class LoadBalancer:
         """Start the periodic probe of down replicas, unless it runs (or is off)."""
         if self._probe_interval_s is None or self._closed:
             return
-        if self._probe is not None and not self._probe.done():
-            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # marked down outside a loop: check_health() still works
+            return
+        probe = self._probe
+        if probe is not None and not probe.done() and probe.get_loop() is loop:
             return
         self._probe = loop.create_task(self._probe_loop(self._probe_interval_s))
 
