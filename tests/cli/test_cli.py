@@ -133,3 +133,9 @@ def test_status_reads_the_run_directory(tmp_path):
     assert info["reward_mean"] == 0.5  # the sandbox_error trial is not scored
     bad = slr("status", str(tmp_path))
     assert bad.returncode == 2 and "is not a run directory" in bad.stderr
+
+
+def test_run_ray_address_is_validated_before_anything_starts():
+    res = slr("run", "--ray-address", "not an address", env={"SLR_LOAD_PLUGINS": ""})
+    assert res.returncode == 2, res.stderr
+    assert "run.ray_address" in res.stderr and "'not an address'" in res.stderr

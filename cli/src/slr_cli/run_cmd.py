@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
 from slr.config import load_config
-from slr.errors import SlrError, UsageError
+from slr.errors import UsageError
 from slr.plugins import get_plugin_manager
 from slr.runs import RunDir
 from slr_cli.options import config_options, resolve_config
@@ -21,9 +22,24 @@ from slr_cli.preflight_cmd import gate, skip_preflight_option
     type=click.Path(file_okay=False, path_type=Path),
     help="Continue the run in this run directory (runs/<run-id>) where it stopped.",
 )
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="Run on this Ray cluster: auto (joined with `ray start`), host:port, "
+    "ray://host:port, or local. Same as --set run.ray_address=ADDR.",
+)
 @skip_preflight_option
 def run(
-    config_path, agent, backend, engine, optimizer, verifier, sets, resume, skip_preflight
+    config_path,
+    agent,
+    backend,
+    engine,
+    optimizer,
+    verifier,
+    sets,
+    resume,
+    ray_address,
+    skip_preflight,
 ) -> None:
     """Train a coding agent with online RL.
 
@@ -32,11 +48,14 @@ def run(
       slr run -c examples/quickstart/slr.toml
       slr run --agent opencode --backend docker --set rollout.n_per_task=8
       slr run --resume runs/quickstart-20261130-101500
+      slr run --ray-address auto --set run.engine_replicas=4 --set run.engine_resources.GPU=1
 
     The config is resolved and validated first (see `slr config show`); an unknown plugin or
     key stops the run before anything starts, and so does a fatal preflight check (see
     `slr preflight`).
     """
+    if ray_address is not None:
+        sets = (*sets, f"run.ray_address={json.dumps(ray_address)}")
     if resume is not None:
         if config_path or sets or any((agent, backend, engine, optimizer, verifier)):
             raise UsageError(
@@ -52,11 +71,6 @@ def run(
             config_path, agent, backend, engine, optimizer, verifier, sets
         )
     gate(checked, purpose="run", skip=skip_preflight)
-    try:
-        from slr.training import train  # the sync or async loop, as run.mode says
-    except ImportError:
-        raise SlrError(
-            "this build of slr-core has no training loop yet (slr.training); the config above "
-            "is valid. Use `slr config show` to inspect it."
-        ) from None
+    from slr.training import train  # the sync or async loop, as run.mode says
+
     train(cfg, resume=resume)

@@ -19,7 +19,8 @@ import tomli_w
 from attrs import frozen, validators
 
 from slr.config.structure import option, structure, unstructure
-from slr.errors import ConfigError
+from slr.errors import ConfigError, UsageError
+from slr.runtime.cluster import check_address
 
 __all__ = ["PLUGIN_SECTIONS", "Config", "PluginChoice", "load_config", "option"]
 
@@ -39,6 +40,22 @@ DEFAULT_PLUGINS: dict[str, str] = {
     "optimizer": "torch",
     "verifier": "harbor",
 }
+
+
+def _ray_address(_instance: Any, attribute: attrs.Attribute, value: str | None) -> None:
+    try:
+        check_address(value)
+    except UsageError as exc:
+        raise ValueError(f"run.{attribute.name}: {exc}") from None
+
+
+def _resources(_instance: Any, attribute: attrs.Attribute, value: dict[str, float]) -> None:
+    bad = {k: v for k, v in value.items() if v < 0}
+    if bad:
+        raise ValueError(
+            f"run.{attribute.name} = {value!r}: resource amounts must be >= 0, got {bad}; "
+            f"write e.g. {{CPU = 1}}"
+        )
 
 
 @frozen(kw_only=True)
@@ -65,6 +82,25 @@ class RunSection:
         factory=list,
         doc="Metric logger plugins fed every step's metrics, e.g. ['tensorboard', 'wandb'] "
         "(pip install slr-logger-NAME); metrics.jsonl is always written.",
+    )
+    ray_address: str | None = option(
+        None,
+        doc="The Ray cluster to run on: 'auto' (the one joined with `ray start`), "
+        "'host:port', 'ray://host:port', or 'local' (a private Ray on this machine). "
+        "Unset: a local Ray starts only when the run needs one (engine_replicas >= 1).",
+        validator=_ray_address,
+    )
+    engine_replicas: int = option(
+        0,
+        doc="Engine replicas, each a Ray actor in its own process, behind the load balancer. "
+        "0: the engine runs embedded in the driver process.",
+        validator=validators.ge(0),
+    )
+    engine_resources: dict[str, float] = option(
+        factory=lambda: {"CPU": 1.0},
+        doc="Ray resources each engine replica asks for, e.g. {CPU = 1}, {GPU = 1} or a "
+        "custom node resource {engine = 1}; used when engine_replicas >= 1.",
+        validator=_resources,
     )
 
 
