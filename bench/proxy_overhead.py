@@ -1,11 +1,15 @@
 """What the proxy adds to a model call: latency and its own CPU.
 
-    python bench/proxy_overhead.py [--calls 8] [--concurrency 1 32] [--turns 50]
+    python bench/proxy_overhead.py [--engine ray|embedded] [--runs 3] [--concurrency 1 8 32]
+                                   [--calls 8] [--turns 50] [--json]
 
 Serves a tiny random model (SmolLM2 tokenizer and template, every call generates exactly
-``--max-tokens`` tokens) with the real ``HfEngine`` behind a real proxy, and reports:
+``--max-tokens`` tokens) with the real ``HfEngine`` behind a real proxy. ``--engine ray``
+(the default) runs the engine out of the proxy's process, as one replica actor of a local
+Ray (``[run] engine_replicas = 1``); ``embedded`` decodes in a thread of the proxy's own
+process. It reports, for each of ``--runs`` runs, then the median and spread over them:
 
-* added latency per call at 1 and 32 concurrent sessions: for every call, the client's
+* added latency per call at 1, 8 and 32 concurrent sessions: for every call, the client's
   end-to-end time minus the engine's own ``generate`` time for that call (p50 / p99), beside
   the latency of calling the engine directly, and the HTTP floor (the same client's
   ``GET /v1/models`` round trip: SDK + HTTP, no model work). Clients run in a separate process (the openai
@@ -89,10 +93,31 @@ class TimedEngine:
             yield chunk
 
 
+def start_engine(kind: str, model, tok, folder):
+    """The engine under test: the embedded one, or one Ray replica actor loading ``folder``."""
+    if kind == "embedded":
+        from slr_engine_hf.engine import HfEngine
+
+        return HfEngine.from_model(model, tok)
+    from slr.config import load_config
+    from slr.plugins import get_plugin_manager
+    from slr.runtime.engines import start_engine_replicas
+
+    data = {
+        "run": {"engine_replicas": 1, "engine_resources": {"CPU": 1}},
+        "engine": {"name": "hf", "model": str(folder), "threads": 1},
+    }
+    config = load_config(data=data, plugins=get_plugin_manager(), only_plugins=("engine",))
+    return start_engine_replicas(config)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", choices=["ray", "embedded"], default="ray")
+    ap.add_argument("--runs", type=int, default=3, help="repeat the latency part, for spread")
+    ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--calls", type=int, default=8, help="calls per session")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--turns", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument(
@@ -109,9 +134,10 @@ def main() -> None:
         print(json.dumps(asyncio.run(_client(json.loads(args.client)))))
         return
 
+    import tempfile
+
     import torch
-    from slr_engine_hf.engine import HfEngine
-    from slr_engine_hf.tiny import tiny_model
+    from slr_engine_hf.tiny import save, tiny_model
 
     from slr.config import ProxySection
     from slr.contracts import SamplingParams
@@ -120,19 +146,22 @@ def main() -> None:
 
     torch.set_num_threads(1)
     model, tok = tiny_model(max_context=8192)
-    engine = HfEngine.from_model(model, tok)
+    folder = save(model, tok, tempfile.mkdtemp(prefix="slr-bench-") + "/model")
+    engine = start_engine(args.engine, model, tok, folder)
     timed = TimedEngine(engine)
     sampling = SamplingParams(max_tokens=args.max_tokens, stop_token_ids=())
     proxy = Proxy(timed, ProxySection(), sampling=SamplingParams(max_tokens=args.max_tokens))
-    report = {}
+    report: dict = {"engine": args.engine, "runs": args.runs}
+    per_run: dict[str, list[dict]] = {}
     pt = ProxyThread(proxy)
 
     async def cpu():
         return time.thread_time()
 
     with pt as p:
-        for n in args.concurrency:
-            sessions = [p.open_session(f"bench-{n}-{i}") for i in range(n)]
+        for run, n in [(r, n) for r in range(args.runs) for n in args.concurrency]:
+            timed.times.clear()
+            sessions = [p.open_session(f"bench-{run}-{n}-{i}") for i in range(n)]
             spec = {
                 "urls": [s.openai_base_url for s in sessions],
                 "calls": args.calls,
@@ -174,19 +203,30 @@ def main() -> None:
                 return await asyncio.gather(*(one(ids, f"d{i}") for i, ids in enumerate(prompts)))
 
             direct_lat = [x for row in pt.call(direct()) for x in row]
-            report[f"{n} sessions"] = {
-                "calls": len(added),
-                "added_ms_p50": round(1000 * pct(added, 50), 2),
-                "added_ms_p99": round(1000 * pct(added, 99), 2),
-                "http_floor_ms_p50": round(1000 * pct(floor, 50), 2),
-                "proxy_thread_cpu_ms_per_request": round(
-                    1000 * cpu_total / (len(added) + len(floor)), 2
-                ),
-                "proxy_e2e_ms_p50": round(1000 * pct(e2e, 50), 1),
-                "proxy_e2e_ms_p99": round(1000 * pct(e2e, 99), 1),
-                "engine_in_proxy_ms_p50": round(1000 * pct(eng, 50), 1),
-                "direct_engine_ms_p50": round(1000 * pct(direct_lat, 50), 1),
-                "direct_engine_ms_p99": round(1000 * pct(direct_lat, 99), 1),
+            per_run.setdefault(f"{n} sessions", []).append(
+                {
+                    "calls": len(added),
+                    "added_ms_p50": round(1000 * pct(added, 50), 2),
+                    "added_ms_p99": round(1000 * pct(added, 99), 2),
+                    "http_floor_ms_p50": round(1000 * pct(floor, 50), 2),
+                    "proxy_thread_cpu_ms_per_request": round(
+                        1000 * cpu_total / (len(added) + len(floor)), 2
+                    ),
+                    "proxy_e2e_ms_p50": round(1000 * pct(e2e, 50), 1),
+                    "proxy_e2e_ms_p99": round(1000 * pct(e2e, 99), 1),
+                    "engine_in_proxy_ms_p50": round(1000 * pct(eng, 50), 1),
+                    "direct_engine_ms_p50": round(1000 * pct(direct_lat, 50), 1),
+                    "direct_engine_ms_p99": round(1000 * pct(direct_lat, 99), 1),
+                }
+            )
+        for key, runs in per_run.items():
+            report[key] = {
+                name: {
+                    "median": statistics.median(r[name] for r in runs),
+                    "min": min(r[name] for r in runs),
+                    "max": max(r[name] for r in runs),
+                }
+                for name in runs[0]
             }
 
         # CPU of the proxy's own thread per call, over one long conversation
@@ -226,7 +266,25 @@ def main() -> None:
             },
         }
     asyncio.run(engine.close())
-    print(json.dumps(report, indent=2))
+    if not args.json:
+        print_table(report, per_run)
+    print(json.dumps(report, indent=None if args.json else 2))
+
+
+def print_table(report: dict, per_run: dict[str, list[dict]]) -> None:
+    print(f"engine: {report['engine']}; {report['runs']} runs (median, min-max over runs)")
+    print("| sessions | added p50 ms | added p99 ms | proxy CPU ms/req | direct engine p50 ms |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for key in per_run:
+        row = report[key]
+
+        def cell(name, row=row):
+            return f"{row[name]['median']:g} ({row[name]['min']:g}-{row[name]['max']:g})"
+
+        print(
+            f"| {key.split()[0]} | {cell('added_ms_p50')} | {cell('added_ms_p99')} | "
+            f"{cell('proxy_thread_cpu_ms_per_request')} | {cell('direct_engine_ms_p50')} |"
+        )
 
 
 if __name__ == "__main__":

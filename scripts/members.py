@@ -4,7 +4,7 @@ from pathlib import Path
 
 root = Path(__file__).resolve().parent.parent
 members = ["core", "cli"]
-for group in ("plugins", "adapters", "sandbox_backends"):
+for group in ("plugins", "adapters", "sandbox_backends", "loggers"):
     for folder in sorted((root / group).glob("*/pyproject.toml")):
         if not folder.parent.name.startswith("_"):
             members.append(str(folder.parent.relative_to(root)))

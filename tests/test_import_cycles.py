@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ("core", "cli", "plugins/*", "adapters/*", "sandbox_backends/*")
+GROUPS = ("core", "cli", "plugins/*", "adapters/*", "sandbox_backends/*", "loggers/*")
 
 
 def _modules() -> dict[str, Path]:

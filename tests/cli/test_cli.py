@@ -33,12 +33,13 @@ def test_help_teaches_the_commands():
         assert word in res.stdout
 
 
-def test_plugins_lists_the_cores_own_agents_even_with_no_entry_points_loaded():
+def test_plugins_lists_the_cores_own_plugins_even_with_no_entry_points_loaded():
     res = slr("plugins", "--json", env={"SLR_LOAD_PLUGINS": ""})
     assert res.returncode == 0, res.stderr
-    (row,) = json.loads(res.stdout)
-    assert row["distribution"] == "slr-core" and row["version"]
-    assert row["registers"] == {"agent": ["oracle", "nop"]}
+    rows = json.loads(res.stdout)
+    assert {r["distribution"] for r in rows} == {"slr-core"} and all(r["version"] for r in rows)
+    registers = {kind: names for r in rows for kind, names in r["registers"].items()}
+    assert registers == {"agent": ["oracle", "nop"], "tool_parser": ["hermes"]}
 
 
 def test_unknown_agent_exits_2_with_installed_names_and_install_hint():
@@ -132,3 +133,9 @@ def test_status_reads_the_run_directory(tmp_path):
     assert info["reward_mean"] == 0.5  # the sandbox_error trial is not scored
     bad = slr("status", str(tmp_path))
     assert bad.returncode == 2 and "is not a run directory" in bad.stderr
+
+
+def test_run_ray_address_is_validated_before_anything_starts():
+    res = slr("run", "--ray-address", "not an address", env={"SLR_LOAD_PLUGINS": ""})
+    assert res.returncode == 2, res.stderr
+    assert "run.ray_address" in res.stderr and "'not an address'" in res.stderr

@@ -35,6 +35,7 @@ def test_run_takes_harbors_short_options(captured):
         cli,
         [
             "run",
+            "--skip-preflight",  # Org/Name is a name here, not a model on this machine
             "-a",
             "oracle",
             "-e",
@@ -61,7 +62,15 @@ def test_run_takes_harbors_short_options(captured):
 
 def test_the_general_timeout_multiplier_scales_both_phases_unless_one_is_named(captured):
     res = CliRunner().invoke(
-        cli, ["run", "--timeout-multiplier", "3", "--verifier-timeout-multiplier", "0.5"]
+        cli,
+        [
+            "run",
+            "--skip-preflight",
+            "--timeout-multiplier",
+            "3",
+            "--verifier-timeout-multiplier",
+            "0.5",
+        ],
     )
     assert res.exit_code == 0, res.output
     cfg = captured["cfg"]

@@ -251,3 +251,98 @@ def test_partial_update_mode_reaches_every_replica(replicas):
     state = {k: v.clone() for k, v in replicas[0].model.state_dict().items()}
     version = asyncio.run(lb.update_weights(state, mode="partial"))
     assert version == 1 and [r.weights_version for r in replicas] == [1, 1]
+
+
+class SwitchableStandIn:
+    """A real engine a test can switch off and on: a stand-in for a replica whose process
+    crashed and was restarted (its calls fail and its health is False while off)."""
+
+    def __init__(self, engine: HfEngine) -> None:
+        self.engine = engine
+        self.off = False
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt_ids, sampling, *, session_id=None):
+        if self.off:
+            raise EngineUnavailable("switched off")
+        return await self.engine.generate(prompt_ids, sampling, session_id=session_id)
+
+    async def health(self) -> bool:
+        return not self.off
+
+
+@pytest.mark.timeout(60)
+def test_a_recovered_replica_is_readmitted_by_the_periodic_probe(replicas):
+    a = SwitchableStandIn(replicas[0])
+    lb = LoadBalancer([a, replicas[1]], names=["a", "b"], probe_interval_s=0.01)
+
+    def a_is_up() -> bool:
+        return lb.metrics()["replicas"]["a"]["up"]
+
+    async def run():
+        await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id="s1")
+        assert lb.replica_of("s1") == "a"
+        a.off = True
+        await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id="s1")
+        assert not a_is_up() and lb.replica_of("s1") == "b"
+        a.off = False  # the replica came back: the balancer's own probe notices
+        await asyncio.wait_for(lb.wait_until(a_is_up), timeout=30)
+        # a new session takes the least-loaded replica again, the recovered one
+        await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id="s2")
+        return lb.replica_of("s2")
+
+    assert asyncio.run(run()) == "a"
+    metrics = lb.metrics()
+    assert metrics["readmissions"] == 1 and metrics["moves"] == 1
+    assert lb.replica_of("s1") == "b"  # moved sessions stay where they went
+
+
+def test_without_the_probe_a_down_replica_waits_for_check_health(replicas):
+    a = SwitchableStandIn(replicas[0])
+    lb = LoadBalancer([a, replicas[1]], names=["a", "b"], probe_interval_s=None)
+
+    async def run():
+        a.off = True
+        await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id="s1")
+        a.off = False
+        still_down = lb.metrics()["replicas"]["a"]["up"]
+        return still_down, await lb.probe_down()
+
+    still_down, back = asyncio.run(run())
+    assert still_down is False and back == ["a"]
+    assert lb.metrics()["replicas"]["a"]["up"] is True
+
+
+def test_closing_a_proxy_session_unpins_it_from_the_balancer(replicas):
+    from slr.config import ProxySection
+    from slr.proxy import Proxy
+
+    lb = LoadBalancer(replicas, names=["a", "b"])
+
+    async def run():
+        async with Proxy(lb, ProxySection(), sampling=SamplingParams(max_tokens=2)) as proxy:
+            session = proxy.open_session("forget-me")
+            await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id=session.token)
+            pinned = lb.replica_of(session.token)
+            proxy.close_session(session)
+            return session.token, pinned
+
+    token, pinned = asyncio.run(run())
+    assert pinned is not None and lb.replica_of(token) is None
+    assert sum(r["sessions"] for r in lb.metrics()["replicas"].values()) == 0
+
+
+def test_publish_prepares_the_state_dict_once_for_every_replica(replicas, tiny_pair):
+    model, _ = tiny_pair
+    published = []
+
+    def publish(state_dict):
+        published.append(state_dict)
+        return {k: v.clone() for k, v in state_dict.items()}
+
+    lb = LoadBalancer(replicas, names=["a", "b"], publish=publish)
+    version = asyncio.run(lb.update_weights(model.state_dict(), version=3))
+    assert version == 3 and len(published) == 1
+    assert [r.weights_version for r in replicas] == [3, 3]

@@ -13,6 +13,7 @@ from rich.table import Table
 from slr.errors import UsageError
 from slr.runs import RunDir
 from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
+from slr_cli.preflight_cmd import gate, skip_preflight_option
 
 
 def _run_config(checkpoint: Path) -> Path | None:
@@ -58,6 +59,7 @@ def _run_config(checkpoint: Path) -> Path | None:
     help="Finish an interrupted eval (its run folder): only trials without a record run.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print eval.json, not a table.")
+@skip_preflight_option
 def eval_(
     config_path,
     agent,
@@ -72,6 +74,7 @@ def eval_(
     name,
     resume,
     as_json,
+    skip_preflight,
     **harbor,
 ) -> None:
     """Evaluate a policy on tasks without training: k trials per task, pass@1..k.
@@ -133,6 +136,7 @@ def eval_(
         sets,
         only_plugins=("agent", "backend", "engine", "verifier"),
     )
+    gate(cfg, purpose="eval", skip=skip_preflight)
     evaluation = Evaluation(
         cfg, samples=samples, checkpoint=checkpoint, output=output, name=name, threshold=threshold
     )

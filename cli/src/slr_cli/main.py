@@ -8,6 +8,7 @@ import sys
 import click
 
 from slr import __version__, log
+from slr.contracts import EngineUnavailable, SandboxError
 from slr.errors import SlrError
 from slr.plugins import get_plugin_manager
 from slr_cli import (
@@ -17,10 +18,13 @@ from slr_cli import (
     export_cmd,
     new_cmd,
     plugins_cmd,
+    preflight_cmd,
     run_cmd,
     serve_cmd,
     status_cmd,
 )
+
+TROUBLESHOOTING = "docs/troubleshooting/README.md"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,6 +36,7 @@ def cli() -> None:
     Start here:
       slr plugins                 what is installed (agents, backends, engines, ...)
       slr config show             the resolved run config, every default spelled out
+      slr preflight -c run.toml   check config and machine before a run (slr run does too)
       slr run -c run.toml         train; --agent/--backend/--set override the file
       slr eval -c run.toml -k 4   pass@k of the base model; --checkpoint runs/<id> after
       slr status runs/<id>        where a run stands
@@ -50,6 +55,7 @@ cli.add_command(config_cmd.config)
 cli.add_command(new_cmd.new)
 cli.add_command(status_cmd.status)
 cli.add_command(serve_cmd.serve)
+cli.add_command(preflight_cmd.preflight)
 
 
 def main() -> None:
@@ -60,6 +66,11 @@ def main() -> None:
     except SlrError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(exc.exit_code)
+    except (SandboxError, EngineUnavailable) as exc:
+        # A start-up failure of a sandbox backend or an engine (failures inside a trial are
+        # recorded as its termination, never raised this far): one line, with its fix.
+        click.secho(f"error: {exc} (see {TROUBLESHOOTING})", fg="red", err=True)
+        sys.exit(1)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
-from slr.errors import SlrError, UsageError
+from slr.config import load_config
+from slr.errors import UsageError
+from slr.plugins import get_plugin_manager
+from slr.runs import RunDir
 from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
+from slr_cli.preflight_cmd import gate, skip_preflight_option
 
 
 @click.command()
@@ -18,7 +23,26 @@ from slr_cli.options import config_options, harbor_options, harbor_sets, resolve
     type=click.Path(file_okay=False, path_type=Path),
     help="Continue the run in this run directory (runs/<run-id>) where it stopped.",
 )
-def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume, **harbor) -> None:
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="Run on this Ray cluster: auto (joined with `ray start`), host:port, "
+    "ray://host:port, or local. Same as --set run.ray_address=ADDR.",
+)
+@skip_preflight_option
+def run(
+    config_path,
+    agent,
+    backend,
+    engine,
+    optimizer,
+    verifier,
+    sets,
+    resume,
+    ray_address,
+    skip_preflight,
+    **harbor,
+) -> None:
     """Train a coding agent with online RL.
 
     \b
@@ -26,6 +50,7 @@ def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume, 
       slr run -c examples/quickstart/slr.toml
       slr run --agent opencode --backend docker --set rollout.n_per_task=8
       slr run --resume runs/quickstart-20261130-101500
+      slr run --ray-address auto --set run.engine_replicas=4 --set run.engine_resources.GPU=1
       slr run -a opencode -e docker -m Qwen/Qwen2.5-Coder-0.5B-Instruct -p TASKS -n 8
 
     \b
@@ -34,8 +59,11 @@ def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume, 
     --timeout-multiplier / --agent-timeout-multiplier / --verifier-timeout-multiplier.
 
     The config is resolved and validated first (see `slr config show`); an unknown plugin or
-    key stops the run before anything starts.
+    key stops the run before anything starts, and so does a fatal preflight check (see
+    `slr preflight`).
     """
+    if ray_address is not None:
+        sets = (*sets, f"run.ray_address={json.dumps(ray_address)}")
     if resume is not None:
         chosen = (agent, backend, engine, optimizer, verifier, *harbor.values())
         if config_path or sets or any(v is not None for v in chosen):
@@ -44,14 +72,15 @@ def run(config_path, agent, backend, engine, optimizer, verifier, sets, resume, 
                 "drop -c/--set/--agent/-m/... (edit RUN/config.toml to change it)"
             )
         cfg = None
+        # the saved config is checked as the resumed run will use it
+        saved = RunDir.open(resume).path / RunDir.CONFIG
+        checked = load_config(saved, plugins=get_plugin_manager())
     else:
         sets = [*sets, *harbor_sets(**harbor)]
-        cfg = resolve_config(config_path, agent, backend, engine, optimizer, verifier, sets)
-    try:
-        from slr.training import train  # the sync or async loop, as run.mode says
-    except ImportError:
-        raise SlrError(
-            "this build of slr-core has no training loop yet (slr.training); the config above "
-            "is valid. Use `slr config show` to inspect it."
-        ) from None
+        cfg = checked = resolve_config(
+            config_path, agent, backend, engine, optimizer, verifier, sets
+        )
+    gate(checked, purpose="run", skip=skip_preflight)
+    from slr.training import train  # the sync or async loop, as run.mode says
+
     train(cfg, resume=resume)

@@ -8,7 +8,7 @@ import signal
 
 import click
 
-from slr.config import PLUGIN_SECTIONS
+from slr.loop import build_plugin
 from slr.plugins import get_plugin_manager
 from slr.rollout import RolloutSession
 from slr.runs import RunDir
@@ -57,7 +57,7 @@ def serve(
 
 async def _serve(cfg, n_sessions: int) -> None:
     plugins = get_plugin_manager()
-    engine = plugins.get(PLUGIN_SECTIONS["engine"], cfg.engine.name).create(cfg.engine.options)
+    engine = build_plugin(cfg, plugins, "engine")  # embedded, or [run] engine_replicas actors
     run = RunDir.create(cfg.run.runs_dir, f"serve-{cfg.run.name}", cfg.to_toml())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -10,6 +10,11 @@ forever on a dead replica (an optional per-call timeout covers replicas that han
 A stream fails over the same way until its first chunk arrives; after that the tokens
 already delivered cannot be taken back, so a replica failing mid-stream ends the stream
 with ``EngineUnavailable`` (the replica is marked down, the session moves on its next call).
+
+A replica marked down is not gone for the rest of the run: while any replica is down the
+balancer probes the down ones every ``probe_interval_s`` (``health()``), and one that
+answers healthy takes new sessions again (sessions that moved away stay where they are).
+The proxy calls ``forget(session_id)`` when a session closes, so pins do not pile up.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import define, field, frozen
@@ -34,6 +39,8 @@ from slr.contracts import (
 
 #: Errors that are the caller's fault: the same request would fail on any replica.
 CLIENT_ERRORS: tuple[type[BaseException], ...] = (ContextOverflow, ValueError, TypeError)
+#: Seconds a replica's health check may take before it counts as unhealthy.
+HEALTH_TIMEOUT_S = 30.0
 
 
 @frozen(kw_only=True)
@@ -64,7 +71,11 @@ class LoadBalancer:
 
     ``call_timeout_s`` bounds one ``generate`` call on one replica, and the wait for each
     chunk of a ``stream`` (``None``: no bound; a replica that dies fails its calls, so a
-    bound is only needed for ones that hang).
+    bound is only needed for ones that hang). ``probe_interval_s``: how often replicas
+    marked down are asked whether they recovered (``None``: only by ``check_health()``).
+    ``publish`` turns a state dict into what every replica receives in ``update_weights``,
+    once per update (out-of-process replicas: one reference in a shared object store,
+    instead of one copy per replica).
     """
 
     def __init__(
@@ -75,6 +86,8 @@ class LoadBalancer:
         call_timeout_s: float | None = None,
         max_sessions: int = 100_000,
         max_moves_logged: int = 1000,
+        probe_interval_s: float | None = 10.0,
+        publish: Callable[[Mapping[str, Any]], Any] | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("LoadBalancer needs at least one engine replica")
@@ -87,7 +100,20 @@ class LoadBalancer:
         self._call_timeout_s = call_timeout_s
         self.moves: list[SessionMove] = []
         self._max_moves_logged = max_moves_logged
-        self._counts = {"sticky_hits": 0, "new_sessions": 0, "moves": 0, "failovers": 0}
+        self._counts = {
+            "sticky_hits": 0,
+            "new_sessions": 0,
+            "moves": 0,
+            "failovers": 0,
+            "readmissions": 0,
+        }
+        if probe_interval_s is not None and probe_interval_s <= 0:
+            raise ValueError(f"probe_interval_s = {probe_interval_s} must be > 0 (or None: off)")
+        self._probe_interval_s = probe_interval_s
+        self._probe: asyncio.Task[None] | None = None
+        self._publish = publish
+        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
+        self._closed = False
 
     # -- Engine protocol ------------------------------------------------------------------
 
@@ -196,8 +222,9 @@ class LoadBalancer:
             raise EngineUnavailable(self._none_left_message())
         # "drain" is every engine's default: engines written before the modes keep working
         extra: dict[str, Any] = {} if mode == "drain" else {"mode": mode}
+        shared = self._publish(state_dict) if self._publish is not None else state_dict
         results = await asyncio.gather(
-            *(r.engine.update_weights(state_dict, version=version, **extra) for r in up),
+            *(r.engine.update_weights(shared, version=version, **extra) for r in up),
             return_exceptions=True,
         )
         versions = []
@@ -215,6 +242,9 @@ class LoadBalancer:
         return any(r.up for r in self._replicas)
 
     async def close(self) -> None:
+        self._closed = True
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()
         await asyncio.gather(*(r.engine.close() for r in self._replicas), return_exceptions=True)
         for r in self._replicas:
             r.up = False
@@ -223,20 +253,71 @@ class LoadBalancer:
 
     async def check_health(self) -> dict[str, bool]:
         """Ask every replica; mark the unhealthy ones down and the recovered ones up."""
-
-        async def ask(replica: _Replica) -> bool:
-            try:
-                return bool(await asyncio.wait_for(replica.engine.health(), 30))
-            except Exception:
-                return False
-
-        answers = await asyncio.gather(*(ask(r) for r in self._replicas))
+        answers = await asyncio.gather(*(self._ask(r) for r in self._replicas))
         for replica, ok in zip(self._replicas, answers, strict=True):
             if not ok and replica.up:
                 self._mark_down(replica, "health check failed")
             elif ok and not replica.up:
-                replica.up = True  # it takes new sessions again; moved ones stay moved
+                self._readmit(replica)
         return {r.name: r.up for r in self._replicas}
+
+    async def probe_down(self) -> list[str]:
+        """Ask only the replicas marked down; readmit the healthy ones. Returns their names."""
+        down = [r for r in self._replicas if not r.up]
+        answers = await asyncio.gather(*(self._ask(r) for r in down))
+        back = []
+        for replica, ok in zip(down, answers, strict=True):
+            if ok and not replica.up and not self._closed:
+                self._readmit(replica)
+                back.append(replica.name)
+        return back
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Return once ``condition()`` holds; it is checked whenever a replica goes down or
+        comes back (e.g. ``lambda: balancer.metrics()["replicas"]["a"]["up"]``)."""
+        if condition():
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((condition, future))
+        try:
+            await future
+        finally:
+            self._waiters = [(c, f) for c, f in self._waiters if f is not future]
+
+    @staticmethod
+    async def _ask(replica: _Replica) -> bool:
+        try:
+            return bool(await asyncio.wait_for(replica.engine.health(), HEALTH_TIMEOUT_S))
+        except Exception:
+            return False
+
+    def _readmit(self, replica: _Replica) -> None:
+        replica.up = True  # it takes new sessions again; moved ones stay moved
+        self._counts["readmissions"] += 1
+        self._changed()
+
+    def _changed(self) -> None:
+        for condition, future in self._waiters:
+            if not future.done() and condition():
+                future.set_result(None)
+
+    def _watch_down(self) -> None:
+        """Start the periodic probe of down replicas, unless it runs (or is off)."""
+        if self._probe_interval_s is None or self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # marked down outside a loop: check_health() still works
+            return
+        probe = self._probe
+        if probe is not None and not probe.done() and probe.get_loop() is loop:
+            return
+        self._probe = loop.create_task(self._probe_loop(self._probe_interval_s))
+
+    async def _probe_loop(self, interval: float) -> None:
+        while not self._closed and any(not r.up for r in self._replicas):
+            await asyncio.sleep(interval)  # the probe's period, not a synchronisation
+            await self.probe_down()
 
     def forget(self, session_id: str) -> None:
         """Drop a finished session's pin (the proxy calls this when a session closes)."""
@@ -317,6 +398,8 @@ class LoadBalancer:
         replica.failures += 1
         replica.last_error = reason
         replica.up = False
+        self._changed()
+        self._watch_down()
 
     def _none_left_message(self) -> str:
         detail = "; ".join(f"{r.name}: {r.last_error or 'down'}" for r in self._replicas)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from slr.config import Config
     from slr.contracts import TrialResult
+    from slr.preflight import RegisterCheck
     from slr.runs import RunDir
 
 hookspec = HookspecMarker("slr")
@@ -73,6 +74,19 @@ def register_engines(register: Register) -> None:
 def register_tool_parsers(register: Register) -> None:
     """Register tool-call parsers (``[proxy] tool_parser``), implementing
     ``slr.proxy.toolparse.ToolParser``; the factory takes no arguments."""
+
+
+@hookspec
+def register_loggers(register: Register) -> None:
+    """Register metric loggers (``[run] loggers = [NAME, ...]``), implementing
+    ``slr.loggers.MetricLogger``."""
+
+
+@hookspec
+def register_preflight_checks(register: RegisterCheck) -> None:
+    """Register preflight checks: ``register(name, check, *, stage="config")``, where
+    ``check(ctx: slr.preflight.Context)`` returns ``slr.preflight.CheckResult`` (or several,
+    or None when it does not apply to ``ctx.config``)."""
 
 
 @hookspec

@@ -44,6 +44,7 @@ from slr.errors import UsageError
 from slr.plugins import PluginManager
 from slr.rollout import RolloutSession, TrialSpec, emit
 from slr.runs import RunDir, atomic_write
+from slr.runtime.engines import start_engine_replicas
 from slr.tasks import Task, load_tasks
 
 log = structlog.get_logger()
@@ -61,7 +62,12 @@ class Components:
 
 
 def build_plugin(config: Config, plugins: PluginManager, section: str) -> Any:
-    """The plugin instance the config's ``[section]`` names, built with its options."""
+    """The plugin instance the config's ``[section]`` names, built with its options.
+
+    The engine with ``[run] engine_replicas >= 1`` is that many Ray actors, each building
+    the engine plugin in its own process, behind the load balancer (``slr.runtime``)."""
+    if section == "engine" and config.run.engine_replicas >= 1:
+        return start_engine_replicas(config)
     choice = getattr(config, section)
     reg = plugins.get(PLUGIN_SECTIONS[section], choice.name)
     return reg.create(choice.options, config=config)

@@ -14,7 +14,7 @@ import importlib
 import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 from attrs import field, frozen
@@ -22,12 +22,17 @@ from attrs import field, frozen
 from slr import hookspecs
 from slr.errors import PluginError, UnknownPluginError
 
+if TYPE_CHECKING:
+    from slr.preflight import Check, CheckFn, Stage
+
 ENTRY_POINT_GROUP = "slr"
 #: Plugin modules inside slr-core, registered by every manager before the entry points:
 #: what every installation (and the core's own tests) needs, with no other distribution.
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "slr.builtin_plugins.model_free_agents",
     "slr.builtin_plugins.tool_parsers",
+    "slr.builtin_plugins.preflight_checks",
+    "slr.builtin_plugins.metric_loggers",
 )
 CORE_DISTRIBUTION = "slr-core"
 
@@ -68,6 +73,7 @@ KINDS: dict[str, Kind] = {
             noun="tool parser",
             dist_prefix="slr-toolparsers-",
         ),
+        Kind(key="logger", hook="register_loggers", noun="logger", dist_prefix="slr-logger-"),
     )
 }
 
@@ -249,6 +255,27 @@ class PluginManager:
         if self._registries is None:
             self._registries = self._collect()
         return self._registries[kind]
+
+    def preflight_checks(self) -> list[Check]:
+        """Every check registered through ``register_preflight_checks``, attributed to its
+        plugin: the core's first, then the entry points' in load order."""
+        from slr.preflight import STAGES, Check
+
+        checks: list[Check] = []
+        for impl in self.pm.hook.register_preflight_checks.get_hookimpls():
+
+            def register(
+                name: str, check: CheckFn, *, stage: Stage = "config", _plugin=impl.plugin_name
+            ) -> None:
+                if stage not in STAGES:
+                    raise PluginError(
+                        f"plugin {_plugin!r} registered preflight check {name!r} with stage "
+                        f"{stage!r}; stages: {', '.join(STAGES)}"
+                    )
+                checks.append(Check(name=name, fn=check, stage=stage, plugin=_plugin))
+
+            impl.function(**{arg: register for arg in impl.argnames})
+        return checks
 
     def get(self, kind: str, name: str) -> Registration:
         """The registration of ``name``, or an error listing what is installed."""

@@ -19,7 +19,8 @@ import tomli_w
 from attrs import frozen, validators
 
 from slr.config.structure import option, structure, unstructure
-from slr.errors import ConfigError
+from slr.errors import ConfigError, UsageError
+from slr.runtime.cluster import check_address
 
 __all__ = ["PLUGIN_SECTIONS", "Config", "PluginChoice", "load_config", "option"]
 
@@ -41,6 +42,22 @@ DEFAULT_PLUGINS: dict[str, str] = {
 }
 
 
+def _ray_address(_instance: Any, attribute: attrs.Attribute, value: str | None) -> None:
+    try:
+        check_address(value)
+    except UsageError as exc:
+        raise ValueError(f"run.{attribute.name}: {exc}") from None
+
+
+def _resources(_instance: Any, attribute: attrs.Attribute, value: dict[str, float]) -> None:
+    bad = {k: v for k, v in value.items() if v < 0}
+    if bad:
+        raise ValueError(
+            f"run.{attribute.name} = {value!r}: resource amounts must be >= 0, got {bad}; "
+            f"write e.g. {{CPU = 1}}"
+        )
+
+
 @frozen(kw_only=True)
 class RunSection:
     name: str = option("run", doc="Name of the run; the run id is '<name>-<timestamp>'.")
@@ -60,6 +77,30 @@ class RunSection:
         "'async': rollout keeps `rollout.concurrency` trials in flight while the trainer "
         "steps on finished groups and pushes weights mid-generation (partial rollout); "
         "staleness is bounded by `rollout.max_staleness`. See docs/training.md.",
+    )
+    loggers: list[str] = option(
+        factory=list,
+        doc="Metric logger plugins fed every step's metrics, e.g. ['tensorboard', 'wandb'] "
+        "(pip install slr-logger-NAME); metrics.jsonl is always written.",
+    )
+    ray_address: str | None = option(
+        None,
+        doc="The Ray cluster to run on: 'auto' (the one joined with `ray start`), "
+        "'host:port', 'ray://host:port', or 'local' (a private Ray on this machine). "
+        "Unset: a local Ray starts only when the run needs one (engine_replicas >= 1).",
+        validator=_ray_address,
+    )
+    engine_replicas: int = option(
+        0,
+        doc="Engine replicas, each a Ray actor in its own process, behind the load balancer. "
+        "0: the engine runs embedded in the driver process.",
+        validator=validators.ge(0),
+    )
+    engine_resources: dict[str, float] = option(
+        factory=lambda: {"CPU": 1.0},
+        doc="Ray resources each engine replica asks for, e.g. {CPU = 1}, {GPU = 1} or a "
+        "custom node resource {engine = 1}; used when engine_replicas >= 1.",
+        validator=_resources,
     )
 
 
@@ -131,6 +172,71 @@ class RolloutSection:
 
 
 @frozen(kw_only=True)
+class RolloutCorrectionSection:
+    """verl's rollout correction (``verl.trainer.config.algorithm.RolloutCorrectionConfig``).
+
+    The keys are verl's field names; a key left unset takes the preset's value (or, with no
+    preset, verl's default, which corrects nothing). The optimizer checks the names and
+    thresholds against verl's own when it is built.
+    """
+
+    preset: str = option(
+        "",
+        doc="A verl preset by its RolloutCorrectionConfig method name (decoupled_token_is, "
+        "decoupled_seq_is, decoupled_token_icepop, decoupled_seq_is_rs, decoupled_geo_rs, "
+        "decoupled_k3_rs, bypass_ppo_clip, bypass_pg_is, ...); the keys below override it. "
+        "Empty: no preset.",
+    )
+    rollout_is: str | None = option(
+        None,
+        doc="Importance-sampling weights: token, sequence, or none (no weights). Unset: the "
+        "preset's (none without one).",
+    )
+    rollout_is_threshold: float | str | None = option(
+        None,
+        doc="IS bound: a number truncates weights above it (TIS); 'lower_upper' (e.g. "
+        "'0.5_5.0') zeroes weights outside the band (IcePop). Unset: the preset's, else 2.0.",
+    )
+    rollout_is_batch_normalize: bool | None = option(
+        None, doc="Normalise the IS weights to mean 1 over the batch. Unset: false."
+    )
+    rollout_rs: str | None = option(
+        None,
+        doc="Rejection sampling, verl's option names comma-separated (token_k1, token_k3, "
+        "seq_sum_k1, seq_mean_k1, seq_mean_k3, seq_max_k2, ...), or none. Unset: the preset's.",
+    )
+    rollout_rs_threshold: float | str | None = option(
+        None,
+        doc="Rejection bounds, one per rollout_rs option: 'lower_upper' ratios for *_k1, an "
+        "upper bound for k2 / k3. Unset: the preset's.",
+    )
+    bypass_mode: bool | None = option(
+        None,
+        doc="true: the rollout's log-probs are the PPO ratio's denominator (no recomputed "
+        "old log-probs; verl's bypass_mode loss); false: decoupled (three policies). Unset: "
+        "the preset's, else false.",
+    )
+    loss_type: str | None = option(
+        None,
+        doc="Bypass mode's loss: ppo_clip (the ratio to the rollout policy is clipped) or "
+        "reinforce (explicit IS weights). Unset: the preset's, else ppo_clip.",
+    )
+
+    def overrides(self) -> dict[str, Any]:
+        """The verl fields this table sets (everything but ``preset``), by verl's names."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in attrs.fields(RolloutCorrectionSection)
+            if f.name != "preset" and getattr(self, f.name) is not None
+        }
+
+    @property
+    def configured(self) -> bool:
+        """Whether anything was set: otherwise the trainer runs exactly as without it."""
+        return bool(self.preset) or bool(self.overrides())
+
+
+@frozen(kw_only=True)
 class AlgorithmSection:
     adv_estimator: str = option(
         "grpo", doc="verl advantage estimator by name: grpo, rloo, reinforce_plus_plus, gae, ..."
@@ -145,6 +251,11 @@ class AlgorithmSection:
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
     ] = option("token-mean", doc="How per-token losses are aggregated (verl's names).")
+    rollout_correction: RolloutCorrectionSection = option(
+        factory=RolloutCorrectionSection,
+        doc="Off-policy correction between the rollout's behaviour log-probs and the "
+        "trainer's (verl's rollout correction, by verl's names; off unless set).",
+    )
 
 
 @frozen(kw_only=True)
@@ -289,6 +400,8 @@ def load_config(
                 f"unknown config section {key!r}.{hint} Sections: {', '.join(allowed)}"
             )
     base = structure(core, _CoreOnly, path="")
+    for logger in base.run.loggers:
+        plugins.get("logger", logger)  # an unknown logger fails here, with what is installed
     choices = {}
     for section, kind in PLUGIN_SECTIONS.items():
         raw = data.get(section, {})

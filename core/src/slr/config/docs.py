@@ -31,17 +31,26 @@ def _default(field: attrs.Attribute) -> str:
         value = default.factory()
     else:
         value = default
+    if value is None:
+        return "unset"
     return f"`{value!r}`" if not hasattr(value, "__fspath__") else f"`{str(value)!r}`"
 
 
-def render_section(name: str, cls: type) -> str:
+def render_section(name: str, cls: type, doc: str | None = None) -> str:
+    """One ``## [name]`` table; a field that is itself a table gets its own section after it."""
     hints = typing.get_type_hints(cls)
-    lines = [f"## [{name}]", "", attrs.fields_dict(Config)[name].metadata["doc"], ""]
+    doc = attrs.fields_dict(Config)[name].metadata["doc"] if doc is None else doc
+    lines = [f"## [{name}]", "", doc, ""]
     lines += ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    nested: list[str] = []
     for f in attrs.fields(cls):
+        if attrs.has(hints[f.name]):
+            lines.append(f"| `{f.name}` | table | | [{name}.{f.name}] below |")
+            nested.append(render_section(f"{name}.{f.name}", hints[f.name], f.metadata["doc"]))
+            continue
         type_text = describe_type(hints[f.name]).replace("|", "\\|")
         lines.append(f"| `{f.name}` | {type_text} | {_default(f)} | {f.metadata['doc']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *nested]).rstrip("\n") + "\n"
 
 
 def render_reference() -> str:

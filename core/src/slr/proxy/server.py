@@ -192,6 +192,10 @@ class Proxy:
         """End the session (later calls are refused) and return what it recorded."""
         state = self.sessions.pop(session.token) or session._state
         state.closed = True
+        # An engine that pins sessions (the load balancer) lets go of this one.
+        forget = getattr(self.engine, "forget", None)
+        if callable(forget):
+            forget(state.token)
         return state.trajectory()
 
     def write_transcript(self, session: Session, folder: Path) -> Path:

@@ -144,8 +144,8 @@ class Completer:
         self.honor_client_sampling = honor_client_sampling
         # Families that keep generating after a call (gemma4) name the token to stop on.
         markers = getattr(parser, "stop_markers", ())
-        extra = {renderer.single_token(m) for m in markers}
-        self.stop_token_ids = tuple(sorted(renderer.stop_token_ids | (extra - {None})))
+        extra = {t for m in markers if (t := renderer.single_token(m)) is not None}
+        self.stop_token_ids = tuple(sorted(renderer.stop_token_ids | extra))
         self.special_tokens = bool(getattr(parser, "special_tokens", False))
 
     def count(self, state: SessionState, messages: Sequence[Message], tools: Sequence[Tool]) -> int:

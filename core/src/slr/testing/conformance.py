@@ -449,46 +449,29 @@ class ScaffoldAdapterTests(AgentAdapterTests):
 
     @pytest.fixture(scope="class")
     @classmethod
-    def scenario_runs(cls, adapter, sandbox_factory, scripted_policy, hello_script):
-        """The three scaffold runs (hello, hang, refused), each with its own stub and sandbox.
-
-        The hang run mostly waits for its timeout, so it runs alongside the hello run (two
-        scaffolds starting at once, no more: a scaffold's start-up is one busy core, and the
-        hang run must reach the model well inside its timeout); the refused run follows.
-        """
-        hang, refused = ScriptedPolicyStub(), ScriptedPolicyStub()
+    def hello_run(cls, adapter, sandbox_factory, scripted_policy, hello_script):
         scripted_policy.reset(hello_script)
-        hang.reset(mode="hang")
-        refused.reset(mode="unauthorized")
+        return _run(_agent_run(adapter, sandbox_factory, scripted_policy, cls.timeout_s))
 
-        async def all_three() -> dict[str, AgentRun]:
-            hello_run, hang_run = await asyncio.gather(
-                _agent_run(adapter, sandbox_factory, scripted_policy, cls.timeout_s),
-                _agent_run(adapter, sandbox_factory, hang, cls.hang_timeout_s),
-            )
-            refused_run = await _agent_run(adapter, sandbox_factory, refused, cls.refused_timeout_s)
-            return {"hello": hello_run, "hang": hang_run, "refused": refused_run}
-
+    @pytest.fixture(scope="class")
+    @classmethod
+    def hang_run(cls, adapter, sandbox_factory, scripted_policy):
+        scripted_policy.reset(mode="hang")
         try:
-            return _run(all_three())
+            return _run(_agent_run(adapter, sandbox_factory, scripted_policy, cls.hang_timeout_s))
         finally:
-            for stub in (hang, refused):
-                stub.close()
+            scripted_policy.reset()
 
     @pytest.fixture(scope="class")
     @classmethod
-    def hello_run(cls, scenario_runs):
-        return scenario_runs["hello"]
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def hang_run(cls, scenario_runs):
-        return scenario_runs["hang"]
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def refused_run(cls, scenario_runs):
-        return scenario_runs["refused"]
+    def refused_run(cls, adapter, sandbox_factory, scripted_policy):
+        scripted_policy.reset(mode="unauthorized")
+        try:
+            return _run(
+                _agent_run(adapter, sandbox_factory, scripted_policy, cls.refused_timeout_s)
+            )
+        finally:
+            scripted_policy.reset()
 
     # -- the contract ---------------------------------------------------------------------
 

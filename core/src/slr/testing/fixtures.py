@@ -73,3 +73,16 @@ def sandbox_factory(tmp_path_factory):
 
     yield start
     asyncio.run(backend.close())
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A Ray cluster simulated on this machine (``slr.testing.ray_cluster``): a head plus two
+    ``engine`` nodes (1 CPU and resource ``engine = 1`` each) and a ``sandbox`` node (1 CPU,
+    ``sandbox = 2``), all on 127.0.0.1, with this process connected. One per test session:
+    it takes seconds to start. Yields a ``SimulatedCluster`` (``address``, ``nodes``,
+    ``node_ids(role)``)."""
+    from slr.testing.ray_cluster import simulated_cluster
+
+    with simulated_cluster() as cluster:
+        yield cluster

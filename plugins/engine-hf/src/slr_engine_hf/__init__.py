@@ -16,6 +16,13 @@ def register_engines(register):
 
 
 @slr.hookimpl
+def register_preflight_checks(register):
+    from slr_engine_hf.preflight import check_model
+
+    register("hf-model", check_model, stage="data")
+
+
+@slr.hookimpl
 def register_commands(cli):
     from slr_engine_hf.cli import models
 

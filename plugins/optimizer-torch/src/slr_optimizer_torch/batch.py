@@ -6,6 +6,7 @@ Layout (one row per segment, right-padded)::
     attention_mask  (B, L)    1 on real tokens
     response_mask   (B, L-1)  1 where ``input_ids[:, 1:]`` is a policy token (loss_mask 1)
     rollout_logprobs(B, L-1)  the engine's behaviour log-prob of that token
+    weights_versions(B, L-1)  the weights version that sampled that token (-1: unknown)
     advantages      (B, L-1)  from verl's estimator, 0 off the response mask
 
 Column ``t`` of the shifted tensors is the prediction made from position ``t`` of the token at
@@ -37,6 +38,7 @@ import torch
 from slr.contracts import TerminationReason, TrialResult
 
 PAD_ID = 0
+UNKNOWN_VERSION = -1
 
 STAT_KEYS = (
     "trials/total",
@@ -65,6 +67,7 @@ class TrainBatch:
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
     rollout_logprobs: torch.Tensor
+    weights_versions: torch.Tensor  # (B, L-1) long, -1 where unknown or not a policy token
     seq_trial: torch.Tensor  # (B,) index into ``trials``
     trials: list[TrialResult]  # the trials that made it into the loss, in row-group order
     rewards: torch.Tensor  # (T,) one per trial in ``trials``
@@ -153,6 +156,7 @@ def assemble(
     attention_mask = torch.zeros((n, max_len), dtype=torch.long)
     response_mask = torch.zeros((n, max_len - 1), dtype=torch.float32)
     rollout_logprobs = torch.zeros((n, max_len - 1), dtype=torch.float32)
+    weights_versions = torch.full((n, max_len - 1), UNKNOWN_VERSION, dtype=torch.long)
     seq_trial = torch.zeros(n, dtype=torch.long)
     for i, (t_index, seg) in enumerate(rows):
         length = len(seg.token_ids)
@@ -161,6 +165,11 @@ def assemble(
         response_mask[i, : length - 1] = torch.tensor(seg.loss_mask[1:], dtype=torch.float32)
         lp = torch.tensor(seg.logprobs[1:], dtype=torch.float32)
         rollout_logprobs[i, : length - 1] = lp * response_mask[i, : length - 1]
+        versions = token_versions(seg, kept[t_index])
+        if versions is not None:
+            policy = response_mask[i, : length - 1] > 0
+            row = torch.tensor(versions[1:], dtype=torch.long)
+            weights_versions[i, : length - 1] = torch.where(policy, row, UNKNOWN_VERSION)
         seq_trial[i] = t_index
 
     stats["batch/sequences"] = n
@@ -171,12 +180,23 @@ def assemble(
         attention_mask=attention_mask,
         response_mask=response_mask,
         rollout_logprobs=rollout_logprobs,
+        weights_versions=weights_versions,
         seq_trial=seq_trial,
         trials=kept,
         rewards=torch.tensor([float(t.reward.value) for t in kept], dtype=torch.float32),  # type: ignore[union-attr]
         group_ids=[group_key(t) for t in kept],
         stats=dict(stats),
     )
+
+
+def token_versions(segment: Any, trial: TrialResult) -> tuple[int, ...] | None:
+    """The version of each of ``segment``'s tokens: its own record, else the trial's one
+    version (records written before tokens carried theirs), else None (unknown)."""
+    if len(segment.weights_versions) == len(segment.token_ids):
+        return tuple(segment.weights_versions)
+    if trial.weights_version is not None:
+        return (trial.weights_version,) * len(segment.token_ids)
+    return None
 
 
 def trial_positions(batch: TrainBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,4 +1,4 @@
-"""Step metrics that do not need the model: rewards, lengths, log-prob agreement."""
+"""Step metrics that do not need the model: rewards, lengths, log-prob agreement, versions."""
 
 from __future__ import annotations
 
@@ -72,6 +72,39 @@ def logprob_agreement(
     }
     if a.numel() > 1 and float(a.std()) > 0 and float(b.std()) > 0:
         out["rollout/logprob_pearson"] = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+    return out
+
+
+def version_metrics(
+    versions: torch.Tensor, mask: torch.Tensor, seq_trial: torch.Tensor, *, current: int
+) -> dict[str, float]:
+    """The weight versions that sampled the batch's policy tokens, and their age.
+
+    ``current`` is the version of the weights being updated; a token's age is how many
+    versions older the weights that sampled it are (0: on-policy). A partial weight update
+    makes one trial span versions (``rollout/trials_multi_version``). Tokens of unknown
+    version (-1) are counted, not aged.
+    """
+    policy = mask > 0
+    known = policy & (versions >= 0)
+    out = {"rollout/tokens_unknown_version": float((policy & ~known).sum())}
+    if not bool(known.any()):
+        return out
+    v = versions[known]
+    age = (current - v).double()
+    out.update(
+        {
+            "rollout/token_version_min": float(v.min()),
+            "rollout/token_version_max": float(v.max()),
+            "rollout/token_age_mean": float(age.mean()),
+            "rollout/token_age_max": float(age.max()),
+            "rollout/stale_token_fraction": float((age > 0).double().mean()),
+        }
+    )
+    spans: dict[int, set[int]] = defaultdict(set)
+    for row in range(versions.shape[0]):
+        spans[int(seq_trial[row])].update(versions[row][known[row]].tolist())
+    out["rollout/trials_multi_version"] = float(sum(len(s) > 1 for s in spans.values()))
     return out
 
 

@@ -21,6 +21,12 @@ One ``step(trials)``:
 4. for each epoch and mini-batch: micro-batches by token budget, verl's policy loss (plus
    verl's entropy, KL and value terms), gradients accumulated, clipped, one AdamW step.
 
+Off-policy correction (``[algorithm.rollout_correction]``, ``correction.py``) wraps step 4
+the way verl's trainer does: in decoupled mode verl's IS weights and rejection mask, from
+the pre-pass log-probs vs the rollout's, enter the policy loss (the pre-pass is then always
+run); in bypass mode the rollout's log-probs are the old ones and verl's ``bypass_mode``
+loss applies the correction itself. Unset, the step is exactly what it was without it.
+
 With one epoch, one mini-batch and no value head, step 2's log-prob pass is fused into the
 training forward: all micro-batches run before the single parameter update, so their
 log-probs are the pre-update ones (the PPO ratio's denominator and the rollout-agreement
@@ -45,7 +51,13 @@ from slr.contracts import TrialResult
 from slr_optimizer_torch import batch as batching
 from slr_optimizer_torch import checkpoint
 from slr_optimizer_torch.config import TorchOptimizerConfig
-from slr_optimizer_torch.metrics import Accumulator, logprob_agreement, trial_metrics
+from slr_optimizer_torch.correction import offpolicy_metrics, resolve
+from slr_optimizer_torch.metrics import (
+    Accumulator,
+    logprob_agreement,
+    trial_metrics,
+    version_metrics,
+)
 from slr_optimizer_torch.model import (
     DTYPES,
     Scorer,
@@ -79,6 +91,7 @@ class TorchOptimizer:
         self.algorithm = algorithm
         self.temperature = float(temperature)
         check_names(algorithm)
+        self.correction = resolve(algorithm, options)
         self.device = resolve_device(options.device)
         dtype = DTYPES[options.dtype]
         if model is None:
@@ -117,11 +130,11 @@ class TorchOptimizer:
             eps=options.eps,
             weight_decay=options.weight_decay,
         )
-        self.actor_cfg = actor_config(algorithm, options)
+        self.actor_cfg = actor_config(algorithm, options, self.correction)
         self.algo_cfg = algo_config(algorithm, options)
         # verl annotates the registered losses as positional; they are called by keyword.
         self.policy_loss_fn: Callable[..., Any] = core_algos.get_policy_loss_fn(
-            algorithm.policy_loss
+            self.actor_cfg.policy_loss.loss_mode
         )
         self.generator = torch.Generator().manual_seed(options.seed)
         self.steps = 0  # step() calls
@@ -162,6 +175,10 @@ class TorchOptimizer:
         metrics: dict[str, float] = trial_metrics(batch, pass_threshold=opts.pass_threshold)
         tb = batching.assemble(batch, drop_zero_variance_groups=opts.drop_zero_variance_groups)
         metrics.update({k: float(v) for k, v in tb.stats.items()})
+        # The weights being updated are version `steps` (the loop: after step N, version N).
+        metrics.update(
+            version_metrics(tb.weights_versions, tb.response_mask, tb.seq_trial, current=self.steps)
+        )
         self.steps += 1
         metrics["optimizer/steps"] = float(self.steps)
         metrics["update/skipped"] = 0.0
@@ -172,7 +189,17 @@ class TorchOptimizer:
             metrics["optimizer/updates"] = float(self.updates)
             return metrics
 
-        fused = opts.ppo_epochs == 1 and opts.ppo_mini_batches == 1 and self.value_head is None
+        corr = self.correction
+        decoupled = corr is not None and corr.decoupled
+        bypass = corr is not None and corr.bypass
+        # Decoupled correction weighs the whole batch by pi_old before any update: verl
+        # computes pi_old in its own pass, and so does this trainer then.
+        fused = (
+            opts.ppo_epochs == 1
+            and opts.ppo_mini_batches == 1
+            and self.value_head is None
+            and not decoupled
+        )
         t0 = time.perf_counter()
         pre: Scores | None = None
         if not fused:
@@ -184,6 +211,21 @@ class TorchOptimizer:
             else None
         )
         metrics["perf/prepass_s"] = time.perf_counter() - t0
+
+        loss_mask, is_weights = tb.response_mask, None
+        if decoupled:
+            assert corr is not None and pre is not None
+            is_weights, loss_mask, corr_metrics = corr.apply(
+                pre.logprobs, tb.rollout_logprobs, tb.response_mask
+            )
+            metrics.update(corr_metrics)
+            if float(loss_mask.sum()) == 0:
+                # Everything rejected: no update, counted (the step still counts).
+                metrics["update/skipped"] = 1.0
+                metrics["optimizer/updates"] = float(self.updates)
+                return metrics
+        elif pre is not None and not bypass:
+            metrics.update(offpolicy_metrics(pre.logprobs, tb.rollout_logprobs, tb.response_mask))
 
         values = pre.values if pre is not None else None
         tb.advantages, tb.returns = batching.compute_advantages(
@@ -198,7 +240,7 @@ class TorchOptimizer:
             }
         )
 
-        if opts.old_logprobs == "rollout":
+        if opts.old_logprobs == "rollout" or bypass:
             old = tb.rollout_logprobs
         else:
             old = pre.logprobs if pre is not None else None  # fused: the forward's own
@@ -211,11 +253,26 @@ class TorchOptimizer:
             for trials in batching.mini_batches(len(tb.trials), opts.ppo_mini_batches, shuffle):
                 members = set(trials)
                 rows = [r for r in range(tb.num_sequences) if int(tb.seq_trial[r]) in members]
-                if rows:
-                    self._update(tb, rows, old, ref_logprobs, values, acc, fused_logprobs)
+                # (rows whose every token correction rejected have nothing to normalise by)
+                if rows and float(loss_mask[rows].sum()) > 0:
+                    self._update(
+                        tb,
+                        rows,
+                        old,
+                        ref_logprobs,
+                        values,
+                        acc,
+                        fused_logprobs,
+                        loss_mask=loss_mask,
+                        is_weights=is_weights,
+                    )
         update_s = time.perf_counter() - t0
         if fused_logprobs is not None:
             metrics.update(logprob_agreement(tb.rollout_logprobs, fused_logprobs, tb.response_mask))
+            if not bypass:  # bypass: verl's loss reports them, from the evolving policy
+                metrics.update(
+                    offpolicy_metrics(fused_logprobs, tb.rollout_logprobs, tb.response_mask)
+                )
 
         metrics.update(acc.result())
         metrics["optimizer/updates"] = float(self.updates)
@@ -273,13 +330,20 @@ class TorchOptimizer:
         values: torch.Tensor | None,
         acc: Accumulator,
         fused_logprobs: torch.Tensor | None,
+        *,
+        loss_mask: torch.Tensor,
+        is_weights: torch.Tensor | None = None,
     ) -> None:
-        """One parameter update on ``rows``: accumulate micro-batch gradients, clip, step."""
+        """One parameter update on ``rows``: accumulate micro-batch gradients, clip, step.
+
+        ``loss_mask`` is the response mask less the tokens off-policy correction rejected
+        (the response mask itself without correction); ``is_weights`` are verl's IS weights.
+        """
         from verl.trainer.ppo.core_algos import agg_loss, compute_value_loss, kl_penalty
 
         algo, opts = self.algorithm, self.options
         mode = algo.loss_agg_mode
-        resp = tb.response_mask[rows]
+        resp = loss_mask[rows]
         widest = int(tb.lengths[rows].max()) - 1
         # verl normalises each micro-batch's loss by the whole mini-batch, so the accumulated
         # gradient does not depend on how the mini-batch was split (as in its FSDP actor).
@@ -296,11 +360,12 @@ class TorchOptimizer:
         for micro in self._micro(tb, rows):
             length = int(tb.lengths[micro].max())
             width = length - 1
-            mask = self._slice(tb.response_mask, micro, width) > 0
+            policy = self._slice(tb.response_mask, micro, width)
+            mask = self._slice(loss_mask, micro, width) > 0
             scores = self.scorer(
                 self._slice(tb.input_ids, micro, length),
                 self._slice(tb.attention_mask, micro, length),
-                mask.float(),
+                policy,
                 entropy=True,
                 entropy_grad=algo.entropy_coef > 0,
                 value_head=self.value_head,
@@ -316,11 +381,14 @@ class TorchOptimizer:
                 response_mask=mask,
                 loss_agg_mode=mode,
                 config=self.actor_cfg,
-                rollout_is_weights=None,
+                rollout_is_weights=(
+                    None if is_weights is None else self._slice(is_weights, micro, width)
+                ),
             )
             loss = pg_loss
             n_tokens = int(mask.sum().item())
-            acc.add_weighted(pg_metrics, n_tokens)
+            if n_tokens:  # every token of this micro-batch rejected: no means to take
+                acc.add_weighted(pg_metrics, n_tokens)
             acc.add_sum("actor/pg_loss", float(pg_loss.detach()))
             assert scores.entropy is not None
             entropy_loss = agg_loss(
@@ -328,9 +396,10 @@ class TorchOptimizer:
             )
             if algo.entropy_coef > 0:
                 loss = loss - algo.entropy_coef * entropy_loss
-            acc.add_weighted(
-                {"actor/entropy": float(scores.entropy[mask].detach().mean())}, n_tokens
-            )
+            if n_tokens:
+                acc.add_weighted(
+                    {"actor/entropy": float(scores.entropy[mask].detach().mean())}, n_tokens
+                )
             if ref_logprobs is not None:
                 # verl annotates torch.FloatTensor, which torch's stubs never return.
                 kld = kl_penalty(
@@ -340,7 +409,8 @@ class TorchOptimizer:
                 )
                 kl_loss = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=mode, **info)
                 loss = loss + algo.kl_coef * kl_loss
-                acc.add_weighted({"actor/kl_ref": float(kld[mask].detach().mean())}, n_tokens)
+                if n_tokens:
+                    acc.add_weighted({"actor/kl_ref": float(kld[mask].detach().mean())}, n_tokens)
             if self.value_head is not None:
                 assert values is not None and tb.returns is not None
                 assert scores.values is not None  # scored with the value head

@@ -13,10 +13,16 @@ from typing import Any
 
 from slr.config import AlgorithmSection
 from slr_optimizer_torch.config import TorchOptimizerConfig
+from slr_optimizer_torch.correction import Correction, policy_loss_config
 
 
-def actor_config(algorithm: AlgorithmSection, options: TorchOptimizerConfig) -> Any:
-    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+def actor_config(
+    algorithm: AlgorithmSection,
+    options: TorchOptimizerConfig,
+    correction: Correction | None = None,
+) -> Any:
+    """verl's ``ActorConfig``; in bypass mode its policy loss is verl's ``bypass_mode``."""
+    from verl.workers.config.actor import ActorConfig
 
     return ActorConfig(
         strategy="fsdp",  # required by the class; this trainer is neither FSDP nor Megatron
@@ -26,7 +32,7 @@ def actor_config(algorithm: AlgorithmSection, options: TorchOptimizerConfig) -> 
         clip_ratio=algorithm.clip_ratio_low,
         clip_ratio_low=algorithm.clip_ratio_low,
         clip_ratio_high=algorithm.clip_ratio_high,
-        policy_loss=PolicyLossConfig(loss_mode=algorithm.policy_loss),
+        policy_loss=policy_loss_config(correction, algorithm.policy_loss),
         loss_agg_mode=algorithm.loss_agg_mode,
         entropy_coeff=algorithm.entropy_coef,
         use_kl_loss=algorithm.kl_coef > 0,

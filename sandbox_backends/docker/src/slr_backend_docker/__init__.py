@@ -31,6 +31,13 @@ def register_sandbox_backends(register):
 
 
 @slr.hookimpl
+def register_preflight_checks(register):
+    from slr_backend_docker.preflight import check_daemon
+
+    register("docker-daemon", check_daemon, stage="machine")
+
+
+@slr.hookimpl
 def register_commands(cli):
     from slr_backend_docker.commands import images
 

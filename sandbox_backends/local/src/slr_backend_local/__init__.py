@@ -43,3 +43,10 @@ class LocalBackendConfig:
 @slr.hookimpl
 def register_sandbox_backends(register):
     register("local", "slr_backend_local.backend:LocalBackend", config_cls=LocalBackendConfig)
+
+
+@slr.hookimpl
+def register_preflight_checks(register):
+    from slr_backend_local.preflight import check_isolation
+
+    register("local-isolation", check_isolation, stage="machine")

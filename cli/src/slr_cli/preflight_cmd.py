@@ -1,0 +1,114 @@
+"""``slr preflight``, and the gate ``slr run`` / ``slr eval`` pass before any work."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from slr.errors import SlrError
+from slr.plugins import get_plugin_manager
+from slr.preflight import Line, Purpose, require, run_preflight
+from slr_cli.options import config_options, resolve_config
+
+_COLOURS = {"pass": "green", "warn": "yellow", "fatal": "red"}
+
+
+def _echo(line: Line, *, err: bool = False) -> None:
+    text = line.text()
+    status = line.result.status
+    click.echo(click.style(text[:5], fg=_COLOURS[status]) + text[5:], err=err)
+
+
+def gate(config, *, purpose: Purpose, skip: bool) -> None:
+    """Run the preflight before ``purpose``: warnings and fatals are printed (stderr), and
+    a fatal stops the command before an engine or a sandbox starts."""
+    if skip:
+        return
+    report = run_preflight(
+        config,
+        get_plugin_manager(),
+        purpose=purpose,
+        on_line=lambda line: _echo(line, err=True) if line.result.status != "pass" else None,
+    )
+    click.echo(report.summary(), err=True)
+    require(report, shown=True)
+
+
+def skip_preflight_option(fn):
+    return click.option(
+        "--skip-preflight",
+        is_flag=True,
+        hidden=True,
+        help="Do not run the preflight checks (for tests only).",
+    )(fn)
+
+
+@click.command()
+@config_options
+@click.option(
+    "--structure-only",
+    is_flag=True,
+    help="Only the checks that need nothing on this machine (config, plugins, pitfalls): "
+    "for a config meant for another machine.",
+)
+@click.option(
+    "--for",
+    "purpose",
+    type=click.Choice(["run", "eval"]),
+    default="run",
+    show_default=True,
+    help="Which command the config is for (an eval has no optimizer and may use no model).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
+def preflight(
+    config_path, agent, backend, engine, optimizer, verifier, sets, structure_only, purpose, as_json
+) -> None:
+    """Check a run config and this machine before a run: one line per check.
+
+    \b
+    Examples:
+      slr preflight -c run.toml
+      slr preflight -c cluster.toml --structure-only
+      slr preflight -c run.toml --for eval --agent oracle
+
+    \b
+    Each line is pass, warn or fatal; every fatal names its fix. Checks run cheapest first
+    (config, then this machine's services and headroom, then data: tasks, model, bundles)
+    and stop after a stage with a fatal. Exits 1 on any fatal. `slr run` and `slr eval`
+    run the same checks before they start anything.
+    """
+    try:
+        cfg = resolve_config(
+            config_path,
+            agent,
+            backend,
+            engine,
+            None if purpose == "eval" else optimizer,
+            verifier,
+            sets,
+            only_plugins=("agent", "backend", "engine", "verifier") if purpose == "eval" else None,
+        )
+    except SlrError as exc:
+        if as_json:
+            click.echo(json.dumps({"check": "config", "status": "fatal", "message": str(exc)}))
+        else:
+            click.echo(click.style("fatal", fg="red") + f"  config: {exc}")
+        raise SystemExit(1) from None
+
+    def show(line: Line) -> None:
+        if as_json:
+            r = line.result
+            record = {"check": line.check, "stage": line.stage, "status": r.status}
+            record.update({"message": r.message, "fix": r.fix, "doc": r.doc})
+            click.echo(json.dumps(record))
+        else:
+            _echo(line)
+
+    report = run_preflight(
+        cfg, get_plugin_manager(), purpose=purpose, structure_only=structure_only, on_line=show
+    )
+    if not as_json:
+        click.echo(report.summary())
+    if not report.ok:
+        raise SystemExit(1)

@@ -1,0 +1,411 @@
+"""Engine replicas as Ray actors, reached through the ``Engine`` contract.
+
+``EngineActor`` builds the run's engine plugin (``[engine]``) inside its own process, so the
+proxy's process no longer decodes: its event loop only routes. ``RayEngine`` is the
+driver-side ``Engine`` for one actor, and ``start_engine_replicas`` starts
+``[run] engine_replicas`` of them (placed by ``[run] engine_resources``) behind the load
+balancer.
+
+What crosses the process boundary is plain data (docs/engines.md, "An engine in its own
+process"): prompt ids, ``SamplingParams``, chunks. Errors the balancer and the proxy decide
+on (``ContextOverflow``, ``ValueError``, ``EngineUnavailable``) travel as a ``_Failure``
+record and are raised again, as the same type, on the driver's side; a replica that is gone
+(killed, crashed, its node lost) surfaces as ``EngineUnavailable``, which makes the balancer
+move the session. A stream's chunks come through a Ray streaming generator; a consumer that
+stops cancels the actor's task, which closes the engine's stream at its next token boundary.
+
+Weights: ``update_weights`` on the balancer puts the state dict into Ray's object store once
+(the balancer's ``publish`` step) and every replica receives that one reference. A replica
+that Ray restarts after a crash starts from the model folder; before it is admitted again
+(its ``health``) it is brought to the latest published weights from that same reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import structlog
+from attrs import frozen
+
+from slr.balancer import LoadBalancer
+from slr.contracts import (
+    ContextOverflow,
+    EngineUnavailable,
+    Generation,
+    GenerationChunk,
+    SamplingParams,
+    UpdateMode,
+    collect,
+)
+from slr.errors import UsageError
+from slr.runtime import cluster
+
+log = structlog.get_logger()
+
+#: Seconds a replica may take to start (process, model load) before the run gives up.
+START_TIMEOUT_S = 600.0
+#: Seconds a health probe waits for a replica's answer.
+HEALTH_TIMEOUT_S = 30.0
+#: How often Ray restarts a replica whose process died, before it stays down.
+MAX_RESTARTS = 3
+
+
+@frozen(kw_only=True)
+class _Failure:
+    """An error raised in the actor, as data, so it is raised again as its own type."""
+
+    kind: str  # "context_overflow" | "value" | "unavailable"
+    message: str
+    prompt_tokens: int = 0
+    max_context: int = 0
+
+    @classmethod
+    def of(cls, exc: BaseException) -> _Failure:
+        if isinstance(exc, ContextOverflow):
+            return cls(
+                kind="context_overflow",
+                message=str(exc),
+                prompt_tokens=exc.prompt_tokens,
+                max_context=exc.max_context,
+            )
+        if isinstance(exc, ValueError | TypeError):
+            return cls(kind="value", message=str(exc))
+        return cls(kind="unavailable", message=f"{type(exc).__name__}: {exc}")
+
+    def error(self, replica: str) -> Exception:
+        if self.kind == "context_overflow":
+            return ContextOverflow(self.prompt_tokens, self.max_context)
+        if self.kind == "value":
+            return ValueError(self.message)
+        return EngineUnavailable(f"engine replica {replica}: {self.message}")
+
+
+class EngineActor:
+    """The body of one engine replica (wrapped by ``ray.remote`` in ``start_engine_replicas``).
+
+    Built from the run config as plain data (``Config.to_dict()``), with the engine plugin
+    looked up in this process's own plugin manager, exactly as the driver would build it.
+    """
+
+    def __init__(self, config_data: dict[str, Any], name: str) -> None:
+        from slr.config import PLUGIN_SECTIONS, load_config
+        from slr.plugins import get_plugin_manager
+
+        plugins = get_plugin_manager()
+        config = load_config(data=config_data, plugins=plugins, only_plugins=("engine",))
+        registration = plugins.get(PLUGIN_SECTIONS["engine"], config.engine.name)
+        self.name = name
+        self.engine = registration.create(config.engine.options, config=config)
+
+    def describe(self) -> dict[str, Any]:
+        """What the driver keeps so that reading these costs no round trip."""
+        import ray
+
+        return {
+            "tokenizer": self.engine.tokenizer,
+            "max_context": int(self.engine.max_context),
+            "weights_version": int(self.engine.weights_version),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+        }
+
+    async def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None
+    ) -> AsyncIterator[GenerationChunk | _Failure]:
+        chunks = self.engine.stream(prompt_ids, sampling, session_id=session_id)
+        try:
+            async for chunk in chunks:
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        except Exception as exc:  # as data: the driver raises it again as its own type
+            yield _Failure.of(exc)
+        finally:
+            # Also reached when the driver cancels this task (its consumer went away):
+            # closing the engine's stream frees the sequence at the next token boundary.
+            close = getattr(chunks, "aclose", None)
+            if close is not None:
+                await close()
+
+    async def update_weights(
+        self, state_dict: Mapping[str, Any], version: int | None, mode: str
+    ) -> int | _Failure:
+        try:
+            extra = {} if mode == "drain" else {"mode": mode}
+            return int(await self.engine.update_weights(state_dict, version=version, **extra))
+        except Exception as exc:
+            return _Failure.of(exc)
+
+    async def weights_version(self) -> int:
+        return int(self.engine.weights_version)
+
+    async def health(self) -> bool:
+        return bool(await self.engine.health())
+
+    async def stats(self) -> dict[str, Any]:
+        stats: Any = getattr(self.engine, "stats", None)
+        return {} if stats is None else dict(stats())
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+class RayEngine:
+    """Implements ``slr.contracts.Engine`` for one ``EngineActor``.
+
+    ``tokenizer`` and ``max_context`` are read once when the replica starts;
+    ``weights_version`` follows the versions the replica reports (with each update and in
+    every chunk), so none of the three costs a round trip.
+    """
+
+    def __init__(
+        self,
+        actor: Any,
+        info: Mapping[str, Any],
+        *,
+        name: str,
+        connection: cluster.Connection | None = None,
+    ) -> None:
+        self.actor = actor
+        self.name = name
+        self.node_id: str = info["node_id"]
+        self.pid: int = info["pid"]
+        self._tokenizer = info["tokenizer"]
+        self._max_context = int(info["max_context"])
+        self._version = int(info["weights_version"])
+        self._connection = connection
+        self._published: tuple[Any, int] | None = None  # (object ref, version) last pushed
+        self._closed = False
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def weights_version(self) -> int:
+        return self._version
+
+    def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> AsyncIterator[GenerationChunk]:
+        return self._stream([int(t) for t in prompt_ids], sampling, session_id)
+
+    async def _stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None
+    ) -> AsyncIterator[GenerationChunk]:
+        import ray
+        from ray.exceptions import RayError
+
+        if self._closed:
+            raise EngineUnavailable(f"engine replica {self.name} is closed")
+        calls = self.actor.stream.remote(prompt_ids, sampling, session_id)
+        finished = False
+        try:
+            async for ref in calls:
+                try:
+                    item = await ref
+                except RayError as exc:
+                    finished = True
+                    raise self._gone(exc) from exc
+                if isinstance(item, _Failure):
+                    finished = True
+                    raise item.error(self.name)
+                if item.weights_versions:
+                    self._version = max(self._version, item.weights_versions[-1])
+                finished = item.finish_reason is not None
+                yield item
+                if finished:
+                    return
+            finished = True
+            raise EngineUnavailable(
+                f"engine replica {self.name} ended a stream without a final chunk"
+            )
+        except RayError as exc:
+            finished = True
+            raise self._gone(exc) from exc
+        finally:
+            if not finished:
+                # The consumer went away: cancel the actor's task (an asyncio cancel there).
+                ray.cancel(calls)
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
+        return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
+
+    async def update_weights(
+        self,
+        state_dict: Any,
+        *,
+        version: int | None = None,
+        mode: UpdateMode = "drain",
+    ) -> int:
+        """``state_dict``: a mapping of tensors, or an object reference to one (what the
+        balancer passes: put once, shared by every replica)."""
+        import ray
+        from ray.exceptions import RayError
+
+        ref = state_dict if isinstance(state_dict, ray.ObjectRef) else ray.put(dict(state_dict))
+        try:
+            result = await self.actor.update_weights.remote(ref, version, mode)
+        except RayError as exc:
+            raise self._gone(exc) from exc
+        if isinstance(result, _Failure):
+            raise result.error(self.name)
+        self._version = int(result)
+        self._published = (ref, self._version)
+        return self._version
+
+    async def health(self) -> bool:
+        """True when the actor answers and serves the latest published weights (a replica
+        Ray restarted is first brought to them)."""
+        from ray.exceptions import RayError
+
+        if self._closed:
+            return False
+        try:
+            ok = await asyncio.wait_for(self.actor.health.remote(), HEALTH_TIMEOUT_S)
+            version = await asyncio.wait_for(self.actor.weights_version.remote(), HEALTH_TIMEOUT_S)
+            if ok and self._published is not None and version != self._published[1]:
+                ref, expected = self._published
+                log.info("engine replica restarted; restoring weights", replica=self.name)
+                result = await self.actor.update_weights.remote(ref, expected, "drain")
+                ok = not isinstance(result, _Failure)
+            return bool(ok)
+        except (RayError, TimeoutError):
+            return False
+
+    async def stats(self) -> dict[str, Any]:
+        """The engine's own counters (the hf engine's ``stats()``), fetched from the actor."""
+        return await self.actor.stats.remote()
+
+    async def close(self) -> None:
+        """Stop the engine, then end the actor's process."""
+        import ray
+        from ray.exceptions import RayError
+
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.wait_for(self.actor.close.remote(), 60)
+        except (RayError, TimeoutError):
+            pass  # already gone, or hung: the kill below ends it either way
+        ray.kill(self.actor)
+        if self._connection is not None:
+            self._connection.release()
+
+    def _gone(self, exc: BaseException) -> EngineUnavailable:
+        return EngineUnavailable(
+            f"engine replica {self.name} is unavailable ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+        )
+
+
+def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
+    """Ray actor options for one replica asking for ``resources`` ({CPU = 1}, {GPU = 1},
+    custom ones); Ray's own CPU / GPU keys become ``num_cpus`` / ``num_gpus``."""
+    custom = {k: float(v) for k, v in resources.items() if k not in ("CPU", "GPU")}
+    return {
+        "num_cpus": float(resources.get("CPU", 0)),
+        "num_gpus": float(resources.get("GPU", 0)),
+        **({"resources": custom} if custom else {}),
+    }
+
+
+def check_placeable(resources: Mapping[str, float], replicas: int) -> None:
+    """Fail at once, naming the resource, when the cluster can never hold the replicas
+    (Ray itself would wait forever for an infeasible actor)."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    for key, amount in resources.items():
+        per_node = [float(n.get(key, 0)) for n in nodes]
+        total = sum(int(capacity // amount) if amount else replicas for capacity in per_node)
+        if total < replicas:
+            have = ", ".join(f"{c:g}" for c in sorted(per_node, reverse=True)) or "no nodes"
+            raise UsageError(
+                f"run.engine_resources asks {key} = {amount:g} for each of "
+                f"{replicas} engine replica(s), but the Ray cluster's nodes have {key}: "
+                f"{have}; lower run.engine_replicas, change run.engine_resources, or add nodes"
+            )
+
+
+def start_engine_replicas(
+    config: Any, *, call_timeout_s: float | None = None, probe_interval_s: float = 10.0
+) -> LoadBalancer:
+    """``config.run.engine_replicas`` engine actors behind a ``LoadBalancer``.
+
+    Connects to Ray (``config.run.ray_address``), starts the actors where
+    ``config.run.engine_resources`` fits, waits until each has loaded its engine, and
+    returns the balancer; closing it kills the actors and releases the Ray connection.
+    """
+    import ray
+    from ray.exceptions import GetTimeoutError, RayError
+
+    run = config.run
+    count = int(run.engine_replicas)
+    if count < 1:
+        raise ValueError(f"engine_replicas = {count}: replicas start only for 1 or more")
+    connection = cluster.connect(run.ray_address)
+    try:
+        resources = dict(run.engine_resources)
+        check_placeable(resources, count)
+        remote = ray.remote(EngineActor)
+        data = config.to_dict()
+        names = [f"engine-{i}" for i in range(count)]
+        actors: list[Any] = [
+            remote.options(  # pyright: ignore[reportAttributeAccessIssue]
+                max_restarts=MAX_RESTARTS, **actor_options(resources)
+            ).remote(data, name)
+            for name in names
+        ]
+        try:
+            infos = ray.get([a.describe.remote() for a in actors], timeout=START_TIMEOUT_S)
+        except GetTimeoutError:
+            for a in actors:
+                ray.kill(a)
+            raise UsageError(
+                f"{count} engine replica(s) asking {resources} each did not start within "
+                f"{START_TIMEOUT_S:g}s; the cluster has {ray.available_resources()} free. "
+                f"Lower run.engine_replicas or change run.engine_resources"
+            ) from None
+        except RayError as exc:
+            for a in actors:
+                ray.kill(a)
+            raise EngineUnavailable(f"an engine replica failed to start: {exc}") from exc
+    except BaseException:
+        connection.release()
+        raise
+    engines = []
+    for i, (name, actor, info) in enumerate(zip(names, actors, infos, strict=True)):
+        # One hold on the connection per replica; the first is the one taken above.
+        hold = connection if i == 0 else cluster.connect(run.ray_address)
+        engines.append(RayEngine(actor, info, name=name, connection=hold))
+    log.info(
+        "engine replicas ready",
+        replicas=count,
+        nodes=sorted({e.node_id[:12] for e in engines}),
+        resources=resources,
+    )
+    return LoadBalancer(
+        engines,
+        names=names,
+        call_timeout_s=call_timeout_s,
+        publish=share_weights,
+        probe_interval_s=probe_interval_s,
+    )
+
+
+def share_weights(state_dict: Mapping[str, Any]) -> Any:
+    """The state dict in Ray's object store, once: every replica receives this reference."""
+    import ray
+
+    return ray.put(dict(state_dict))

@@ -1,0 +1,49 @@
+"""The adapters' bundle checks (`claude-code-bundle`, `opencode-bundle`): the real built
+bundle's binary runs; a missing bundle warns (the run builds it); a bundle whose binary
+fails is fatal."""
+
+from __future__ import annotations
+
+import pytest
+
+from slr.agents.bundles import Marker, bundles_dir
+from slr.config import load_config
+from slr.plugins import get_plugin_manager
+from slr.preflight import Context, run_checks
+
+
+def bundle_check(agent: str):
+    plugins = get_plugin_manager()
+    cfg = load_config(plugins=plugins, choose={"agent": agent, "backend": "local"})
+    checks = [c for c in plugins.preflight_checks() if c.name == f"{agent}-bundle"]
+    report = run_checks(checks, Context(config=cfg, plugins=plugins), stages=("data",))
+    [line] = report.lines
+    return line.result, cfg.agent.options.version
+
+
+@pytest.mark.timeout(120)
+def test_the_built_opencode_bundle_runs():
+    # the bundle the adapter tests build (ensure: built once, cached)
+    from slr_adapter_opencode.adapter import OpenCode
+
+    OpenCode().bundle()
+    result, version = bundle_check("opencode")
+    assert result.status == "pass", result
+    assert version in result.message
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "opencode"])
+def test_a_missing_bundle_warns_and_a_broken_one_is_fatal(agent, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLR_CACHE_DIR", str(tmp_path))
+    missing, version = bundle_check(agent)
+    assert missing.status == "warn" and f"slr bundles build {agent}" in missing.fix
+    folder = bundles_dir() / f"{agent}-{version}"
+    binary = folder / "node_modules" / ".bin" / ("claude" if agent == "claude-code" else agent)
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\necho 'cannot execute: wrong architecture' >&2\nexit 126\n")
+    binary.chmod(0o755)
+    Marker(name=agent, version=version).write(folder)
+    broken, _ = bundle_check(agent)
+    assert broken.status == "fatal"
+    assert "exits 126 (cannot execute: wrong architecture)" in broken.message
+    assert f"slr bundles build {agent}" in broken.fix

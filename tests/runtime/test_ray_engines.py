@@ -1,0 +1,165 @@
+"""Engine replicas as Ray actors on a simulated two-engine-node cluster (slr.runtime).
+
+The replicas serve a tiny random model saved to a folder, built from the run config inside
+each actor's own process by the ``hf`` plugin, exactly as ``slr run`` builds them with
+``[run] engine_replicas = 2``. The cluster (``ray_cluster``) starts once per test session;
+the replicas start once for this module, and the last test kills one of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import attrs
+import pytest
+from slr_engine_hf import tiny
+
+from slr.balancer import LoadBalancer
+from slr.config import load_config
+from slr.contracts import EngineUnavailable, SamplingParams
+from slr.loop import build_plugin
+from slr.plugins import get_plugin_manager
+from slr.runtime.engines import RayEngine
+from slr.testing import EngineTests
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+PROMPT = list(range(200, 220))
+LONG = SamplingParams(max_tokens=1500, temperature=1.0, seed=5)
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    model, tok = tiny.tiny_model(seed=0)
+    return tiny.save(model, tok, tmp_path_factory.mktemp("tiny") / "model")
+
+
+def replica_config(folder, replicas: int = 2):
+    data = {
+        "run": {"engine_replicas": replicas, "engine_resources": {"engine": 1}},
+        "engine": {"name": "hf", "model": str(folder), "max_batch": 4, "threads": 1},
+    }
+    return load_config(data=data, plugins=get_plugin_manager(), only_plugins=("engine",))
+
+
+@pytest.fixture(scope="module")
+def balancer(ray_cluster, model_folder) -> Iterator[LoadBalancer]:
+    lb = build_plugin(replica_config(model_folder), get_plugin_manager(), "engine")
+    assert isinstance(lb, LoadBalancer)
+    yield lb
+    asyncio.run(lb.close())
+
+
+def replicas(lb: LoadBalancer) -> list[RayEngine]:
+    return [r.engine for r in lb._replicas]  # pyright: ignore[reportAttributeAccessIssue]
+
+
+class TestRayEngineConformance(EngineTests):
+    @pytest.fixture
+    def engine(self, balancer):
+        return balancer
+
+
+def test_replicas_are_actors_on_the_two_engine_nodes(balancer, ray_cluster):
+    engines = replicas(balancer)
+    assert all(isinstance(e, RayEngine) for e in engines)
+    nodes = [e.node_id for e in engines]
+    assert len(set(nodes)) == 2 and set(nodes) == set(ray_cluster.node_ids("engine"))
+    assert all(e.pid != __import__("os").getpid() for e in engines)
+
+
+def test_replicas_no_node_can_hold_fail_at_once_naming_the_resource(ray_cluster, model_folder):
+    from slr.errors import UsageError
+    from slr.runtime.engines import start_engine_replicas
+
+    config = replica_config(model_folder, replicas=1)
+    config = attrs.evolve(config, run=attrs.evolve(config.run, engine_resources={"engine": 2}))
+    with pytest.raises(UsageError) as info:
+        start_engine_replicas(config)
+    assert "engine = 2" in str(info.value) and "engine: 1, 1, 0, 0" in str(info.value)
+
+
+def test_a_consumer_that_stops_cancels_the_generation_in_the_actor(balancer):
+    engine = replicas(balancer)[0]
+
+    async def run():
+        before = await engine.stats()
+        chunks = engine.stream(PROMPT, LONG, session_id="cancel-me")
+        first = await anext(chunks)
+        assert first.finish_reason is None
+        await chunks.aclose()
+        # the actor frees the sequence at its next token boundary
+        for _ in range(600):
+            after = await engine.stats()
+            if after["cancelled"] > before["cancelled"] and after["load"] == 0:
+                return before, after
+            await asyncio.sleep(0.05)
+        return before, await engine.stats()
+
+    before, after = asyncio.run(run())
+    assert after["cancelled"] == before["cancelled"] + 1
+    assert after["load"] == 0
+    assert after["generated_tokens"] - before["generated_tokens"] < LONG.max_tokens
+
+
+def test_weights_are_published_once_and_served_by_both_replicas(balancer, monkeypatch):
+    import ray
+    import torch
+
+    other, _ = tiny.tiny_model(seed=7)
+    puts = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(1) or real_put(value, **kw))
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+
+    async def run():
+        engines = replicas(balancer)
+        old = [await e.generate(PROMPT, greedy) for e in engines]
+        version = await balancer.update_weights(
+            {k: v.detach().clone() for k, v in other.state_dict().items()}, version=41
+        )
+        new = [await e.generate(PROMPT, greedy) for e in engines]
+        return version, old, new
+
+    version, old, new = asyncio.run(run())
+    assert version == 41 and len(puts) == 1
+    assert [e.weights_version for e in replicas(balancer)] == [41, 41]
+    assert new[0].token_ids == new[1].token_ids != old[0].token_ids
+    assert set(new[0].weights_versions) == set(new[1].weights_versions) == {41}
+    with torch.no_grad():  # what the new weights give locally, greedily
+        ids = torch.tensor([PROMPT])
+        out = other.generate(ids, max_new_tokens=8, do_sample=False)
+    assert list(new[0].token_ids) == out[0, len(PROMPT) :].tolist()[: len(new[0].token_ids)]
+
+
+def test_killing_a_replica_mid_stream_moves_the_session_and_it_comes_back(balancer):
+    import ray
+
+    async def run():
+        chunks = balancer.stream(PROMPT, LONG, session_id="victim")
+        await anext(chunks)
+        name = balancer.replica_of("victim")
+        victim = next(e for e in replicas(balancer) if e.name == name)
+        ray.kill(victim.actor, no_restart=False)  # Ray restarts it: a crash, then recovery
+        with pytest.raises(EngineUnavailable):
+            async for _ in chunks:
+                pass
+        again = await balancer.generate(PROMPT, SamplingParams(max_tokens=3), session_id="victim")
+        moved_to = balancer.replica_of("victim")
+
+        def back() -> bool:
+            return balancer.metrics()["replicas"][name]["up"]
+
+        await asyncio.wait_for(balancer.wait_until(back), timeout=120)
+        restored = await victim.actor.weights_version.remote()
+        return name, moved_to, again, restored
+
+    name, moved_to, again, restored = asyncio.run(run())
+    assert moved_to is not None and moved_to != name and len(again.token_ids) >= 1
+    metrics = balancer.metrics()
+    assert metrics["moves"] >= 1
+    assert any(m["session_id"] == "victim" and m["from"] == name for m in metrics["recent_moves"])
+    assert metrics["readmissions"] >= 1
+    # the restarted replica was brought to the weights published before the crash
+    assert restored == balancer.weights_version

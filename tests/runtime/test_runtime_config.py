@@ -1,0 +1,56 @@
+"""The runtime's config keys and addresses: bad values stop a run before Ray starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from slr.config import load_config
+from slr.errors import ConfigError, UsageError
+from slr.plugins import get_plugin_manager
+from slr.runtime.cluster import check_address
+from slr.runtime.engines import actor_options
+
+
+def run_config(**run):
+    return load_config(data={"run": run}, plugins=get_plugin_manager(), only_plugins=())
+
+
+def test_defaults_keep_the_engine_embedded():
+    run = run_config().run
+    assert run.engine_replicas == 0 and run.ray_address is None
+    assert run.engine_resources == {"CPU": 1.0}
+
+
+@pytest.mark.parametrize("address", ["auto", "local", "10.0.0.5:6379", "ray://head:10001"])
+def test_ray_addresses_slr_understands(address):
+    assert run_config(ray_address=address).run.ray_address == address
+
+
+@pytest.mark.parametrize(
+    ("run", "words"),
+    [
+        ({"ray_address": "my cluster"}, ["run.ray_address", "'my cluster'", "'auto'"]),
+        ({"engine_replicas": -1}, ["engine_replicas", "-1"]),
+        ({"engine_resources": {"GPU": -1}}, ["run.engine_resources", "{CPU = 1}"]),
+        ({"engine_resources": {"GPU": "one"}}, ["run.engine_resources.GPU", "'one'"]),
+    ],
+)
+def test_bad_runtime_keys_name_the_key_and_the_fix(run, words):
+    with pytest.raises(ConfigError) as info:
+        run_config(**run)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_check_address_is_a_usage_error():
+    with pytest.raises(UsageError, match="host:port"):
+        check_address("http://nope")
+
+
+def test_resources_map_to_ray_actor_options():
+    assert actor_options({"CPU": 1, "GPU": 1, "engine": 0.5}) == {
+        "num_cpus": 1.0,
+        "num_gpus": 1.0,
+        "resources": {"engine": 0.5},
+    }
+    assert actor_options({}) == {"num_cpus": 0.0, "num_gpus": 0.0}

@@ -1,0 +1,28 @@
+"""The k8s backend's preflight passes against the real cluster (its trips need no cluster:
+tests/sandbox_backends/test_backend_preflight.py)."""
+
+from __future__ import annotations
+
+import pytest
+from k8s_support import NAMESPACE
+
+from slr.config import load_config
+from slr.plugins import get_plugin_manager
+from slr.preflight import Context, run_checks
+
+pytestmark = pytest.mark.k8s
+
+
+@pytest.mark.timeout(60)
+def test_k8s_api_check_passes_on_the_cluster(kubeconfig):
+    plugins = get_plugin_manager()
+    cfg = load_config(
+        plugins=plugins,
+        choose={"agent": "nop", "backend": "k8s"},
+        sets=[f'backend.kubeconfig="{kubeconfig}"', f'backend.namespace="{NAMESPACE}"'],
+    )
+    checks = [c for c in plugins.preflight_checks() if c.name == "k8s-api"]
+    report = run_checks(checks, Context(config=cfg, plugins=plugins))
+    [result] = [line.result for line in report.lines]
+    assert result.status == "pass", result
+    assert NAMESPACE in result.message and "Kubernetes v" in result.message

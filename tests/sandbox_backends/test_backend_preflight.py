@@ -1,0 +1,81 @@
+"""Each sandbox backend's own preflight checks, tripped and passed on this machine: the
+docker daemon, bubblewrap for the local backend, the k8s credentials and containerd socket
+(the cluster itself: tests/sandbox_backends/k8s/test_k8s_preflight.py)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from slr.config import load_config
+from slr.plugins import get_plugin_manager
+from slr.preflight import Context, run_checks
+
+
+def check(name: str, backend: str, *sets: str):
+    plugins = get_plugin_manager()
+    cfg = load_config(plugins=plugins, choose={"agent": "nop", "backend": backend}, sets=list(sets))
+    checks = [c for c in plugins.preflight_checks() if c.name == name]
+    assert checks, f"no preflight check {name!r} is registered"
+    report = run_checks(checks, Context(config=cfg, plugins=plugins))
+    return [line.result for line in report.lines]
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_docker_daemon_answers():
+    [result] = check("docker-daemon", "docker")
+    assert result.status == "pass" and "docker daemon" in result.message
+
+
+@pytest.mark.timeout(60)
+def test_no_docker_daemon_is_fatal_with_its_fix(tmp_path):
+    [result] = check("docker-daemon", "docker", f'backend.base_url="unix://{tmp_path}/none.sock"')
+    assert result.status == "fatal"
+    assert "none.sock" in result.message and "docker info" in result.fix
+
+
+def test_local_backend_with_bubblewrap_passes():
+    [result] = check("local-isolation", "local")
+    assert result.status == "pass" and "bubblewrap" in result.message
+
+
+def test_local_backend_without_bubblewrap_is_fatal(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
+    [result] = check("local-isolation", "local")
+    assert result.status == "fatal" and "apt-get install bubblewrap" in result.fix
+    [required] = check("local-isolation", "local", 'backend.isolation="bubblewrap"')
+    assert required.status == "fatal" and "not installed" in required.message
+    [unsafe] = check("local-isolation", "local", "backend.unsafe_host_paths=true")
+    assert unsafe.status == "warn"
+
+
+def test_k8s_without_a_kubeconfig_is_one_fatal_line(tmp_path):
+    [result] = check("k8s-api", "k8s", f'backend.kubeconfig="{tmp_path}/kubeconfig"')
+    assert result.status == "fatal"
+    assert "no kubeconfig at" in result.message and "KUBECONFIG" in result.message
+    assert result.doc == "docs/troubleshooting/sandboxes.md#kubernetes-api-unreachable"
+
+
+def test_k8s_containerd_socket_missing_is_fatal_and_present_passes(tmp_path):
+    [missing] = check("k8s-images", "k8s", f'backend.containerd_address="{tmp_path}/c.sock"')
+    assert missing.status == "fatal" and "containerd_address" in missing.fix
+    path = tmp_path / "containerd.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        [present] = check(
+            "k8s-images", "k8s", f'backend.containerd_address="{path}"', 'backend.ctr="sh"'
+        )
+    assert present.status == "pass", present
+    [no_ctr] = check(
+        "k8s-images", "k8s", f'backend.containerd_address="{path}"', 'backend.ctr="no-ctr-here"'
+    )
+    assert no_ctr.status == "fatal" and "ctr" in no_ctr.fix
+
+
+def test_k8s_registry_without_a_registry_is_fatal_in_the_config_stage():
+    [result] = check("k8s-config", "k8s", 'backend.image_load="registry"')
+    assert result.status == "fatal" and "backend.registry" in result.fix
+    [fine] = check("k8s-config", "k8s")
+    assert fine.status == "pass"
