@@ -68,9 +68,11 @@ def test_fresh_venv_install_list_and_uninstall_an_adapter(tmp_path):
         return {r["plugin"]: r for r in json.loads(res.stdout)}
 
     rows = listed()
-    # the core's own model-free agents, with their (empty) bundle folder in the wheel
-    (core,) = [r for r in rows.values() if r["distribution"] == "slr-core"]
-    assert core["registers"] == {"agent": ["oracle", "nop"]}
+    # the core's own plugins: the model-free agents (with their empty bundle folder in the
+    # wheel) and the hermes tool parser
+    core = [r for r in rows.values() if r["distribution"] == "slr-core"]
+    registers = {kind: names for r in core for kind, names in r["registers"].items()}
+    assert registers == {"agent": ["oracle", "nop"], "tool_parser": ["hermes"]}
     bundle = subprocess.run(
         [py, "-c", "from slr.agents.model_free import NopAgent; print(NopAgent().bundle().path)"],
         capture_output=True, text=True, timeout=60, check=True,
