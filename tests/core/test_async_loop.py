@@ -22,7 +22,6 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from slr import checkpoints, hookimpl
@@ -41,19 +40,32 @@ INCLUDE = ["hello-world", "make-directory"]
 SLR = str(Path(sys.executable).with_name("slr"))
 
 
+# what the calling oracle runs in the sandbox: the endpoint is the sandbox's own (through
+# its proxy link), reachable from inside it only, as for any real scaffold
+CALL_MODEL = """
+import json, sys, urllib.request
+url, key, model = sys.argv[1:4]
+body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+request = urllib.request.Request(
+    url + "/chat/completions",
+    data=json.dumps(body).encode(),
+    headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"},
+)
+urllib.request.urlopen(request, timeout=120).read()
+"""
+
+
 class CallingOracle(OracleAgent):
-    """One real model call through the proxy (tokens to train on), then the solution."""
+    """One real model call from inside the sandbox through the proxy (tokens to train
+    on), then the task's solution."""
 
     needs_model = True
 
     async def run(self, sandbox, instruction, endpoint, *, timeout_s, task=None) -> AgentOutcome:
-        async with httpx.AsyncClient(timeout=120) as client:
-            reply = await client.post(
-                f"{endpoint.base_url}/chat/completions",
-                headers={"Authorization": f"Bearer {endpoint.api_key}"},
-                json={"model": endpoint.model, "messages": [{"role": "user", "content": "hi"}]},
-            )
-            reply.raise_for_status()
+        argv = ["python3", "-c", CALL_MODEL, endpoint.base_url, endpoint.api_key, endpoint.model]
+        res = await sandbox.exec(argv, timeout_s=timeout_s)
+        if not res.ok:
+            raise RuntimeError(f"the model call failed: {res.stderr[-500:]}")
         return await super().run(sandbox, instruction, endpoint, timeout_s=timeout_s, task=task)
 
 
@@ -133,6 +145,18 @@ def by_group(run: RunDir) -> dict[str, list[TrialResult]]:
     return out
 
 
+def policy_token_versions(trials: list[TrialResult]) -> list[int]:
+    """The recorded version of every policy token; each trial must have generated some
+    (else the versions would be the trials' start versions, and prove nothing)."""
+    out: list[int] = []
+    for t in trials:
+        assert t.termination.value == "completed" and t.trajectory is not None, t.error
+        seg_versions = [len(s.weights_versions) for s in t.trajectory.segments]
+        assert sum(seg_versions) > 0, f"{t.trial_id} recorded no per-token versions"
+        out.extend(token_versions(t))
+    return out
+
+
 def test_group_ids_are_deterministic_and_parse_back():
     tasks = load_tasks(TASKS, include=INCLUDE)
     firsts = [task_of_group(tasks, seed=0, seq=g).id for g in range(4)]
@@ -166,8 +190,8 @@ def test_staleness_0_trains_only_tokens_of_the_weights_being_updated(on_policy_r
     groups = by_group(run)
     for step, trained in trained_per_step(run, 2).items():
         assert len(trained) == 1
-        versions = [v for g in trained for t in groups[g] for v in token_versions(t)]
-        assert versions and set(versions) == {step - 1}, (step, versions)
+        versions = policy_token_versions([t for g in trained for t in groups[g]])
+        assert set(versions) == {step - 1}, (step, versions)
     metrics = run.metrics()
     assert all(m["staleness/age_max"] == 0 and m["groups/dropped_stale"] == 0 for m in metrics)
     # admission blocked the starts instead of throwing work away: every group that started
@@ -200,8 +224,8 @@ def test_staleness_1_overlaps_steps_within_the_bound_and_feeds_the_warm_pool(
     per_step = trained_per_step(run, steps)
     for step, trained in per_step.items():
         assert len(trained) == 1
-        versions = [v for g in trained for t in groups[g] for v in token_versions(t)]
-        assert versions and all(step - 2 <= v <= step - 1 for v in versions), (step, versions)
+        versions = policy_token_versions([t for g in trained for t in groups[g]])
+        assert all(step - 2 <= v <= step - 1 for v in versions), (step, versions)
     # admission, not the drop rule, kept it there: no finished group was too stale
     assert all(
         m["staleness/age_max"] <= 1 and m["groups/dropped_stale"] == 0 for m in run.metrics()
