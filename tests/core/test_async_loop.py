@@ -219,7 +219,11 @@ def test_staleness_1_overlaps_steps_within_the_bound_and_feeds_the_warm_pool(
     tmp_path, tiny_model_dir
 ):
     steps = 3
-    run = calling_run(tmp_path, tiny_model_dir, steps=steps, max_staleness=1, pool_size=2)
+    # six slots: without admission the third group would start at once, under version 0,
+    # and be trained by step 3 (two versions old); admission holds it until version 1
+    run = calling_run(
+        tmp_path, tiny_model_dir, steps=steps, max_staleness=1, pool_size=2, concurrency=6
+    )
     groups = by_group(run)
     per_step = trained_per_step(run, steps)
     for step, trained in per_step.items():
