@@ -307,10 +307,11 @@ class AsyncLoop(Loop):
         metrics: dict[str, Any] = dict(await asyncio.to_thread(self.parts.optimizer.step, trials))
         t2 = time.monotonic()
         in_flight = self.pending_trials
+        # the copy of the whole state dict runs in a thread too: on the event loop it would
+        # stall the proxy and every trial for as long as it takes (a model's size in bytes)
+        weights = await asyncio.to_thread(self.parts.optimizer.export_weights)
         try:
-            version = await self.parts.engine.update_weights(
-                self.parts.optimizer.export_weights(), version=step, mode="partial"
-            )
+            version = await self.parts.engine.update_weights(weights, version=step, mode="partial")
         except NotImplementedError as exc:
             raise UsageError(
                 f"run.mode = 'async' needs an engine that can update weights mid-generation "
