@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/async_vs_sync.py --quick          # minutes: tiny model, oracle
     .venv/bin/python bench/async_vs_sync.py                  # the CPU quickstart, twice (hours)
-    .venv/bin/python bench/async_vs_sync.py --steps 4 --json out.json
+    .venv/bin/python bench/async_vs_sync.py --quick --only long-tail --json out.json
 
 Two task sets, each trained twice (``run.mode = "sync"`` then ``"async"``) with the same
 config, model and number of trained trials (``steps`` x ``tasks_per_step`` x ``n_per_task``):
@@ -13,13 +13,17 @@ config, model and number of trained trials (``steps`` x ``tasks_per_step`` x ``n
    random model and the ``oracle`` agent, so it measures the loops' overheads only (and
    skips the held-out evaluation: the oracle's pass@1 is 1 by construction).
 2. ``long-tail``: tasks the bench writes itself, copies of the hello-world task whose
-   solution waits on a tool (``sleep``, not CPU); one task in four waits 10x longer. The
-   synchronous loop waits for the slowest trial of every step; the asynchronous one keeps
-   its slots busy. Goal: >= 2x trials per hour.
+   tests wait on a tool (``sleep``, not CPU) before checking; one task in four waits 10x
+   longer. The synchronous loop waits for the slowest trial of every step, and its trials
+   run their phases in lockstep (all CPU at once, then all waiting); the asynchronous one
+   keeps its slots busy. Goal: >= 2x trials per hour.
 
-Reported per run: wall time, trials per hour (trained trials / wall), the first step at
-which a 3-step moving average of the training pass rate (``reward/pass_rate``) is >= 0.8
-and the wall time until then, held-out pass@1. Ratios are async / sync.
+Reported per run: wall time, the loop's own time (the steps, without start-up), trials per
+hour (trained trials / wall, and / loop time), the first step at which a 3-step moving
+average of the training pass rate (``reward/pass_rate``) is >= 0.8 and the loop time until
+then, held-out pass@1, how long the async trainer waited for batches and the rollouter for
+admission, the optimizer's time, and the mean wall time per trial of each phase
+(``slr.costs``). Ratios are async / sync.
 """
 
 from __future__ import annotations
@@ -46,14 +50,17 @@ HELLO = ROOT / "examples" / "tasks" / "hello-world"
 
 
 def long_tail_tasks(folder: Path, *, count: int, short_s: float) -> Path:
-    """``count`` hello-world copies; every fourth one's solution sleeps 10x longer."""
+    """``count`` hello-world copies whose tests first wait on a tool; every fourth waits
+    10x longer. The wait is in ``tests/test.sh`` so that it is there whatever the agent
+    does (the oracle, or a model that never runs the solution)."""
+    test_sh = (HELLO / "tests" / "test.sh").read_text()
     for i in range(count):
         dest = folder / f"wait-{i:02d}"
         shutil.copytree(HELLO, dest)
         wait = short_s * (10 if i % 4 == 0 else 1)
-        (dest / "solution" / "solve.sh").write_text(
-            f"#!/bin/bash\nset -euo pipefail\nsleep {wait}\necho hello > /app/hello.txt\n"
-        )
+        body = test_sh.replace("#!/bin/bash\n", f"#!/bin/bash\nsleep {wait}  # a slow tool\n", 1)
+        assert body != test_sh, "hello-world's test.sh no longer starts with #!/bin/bash"
+        (dest / "tests" / "test.sh").write_text(body)
     return folder
 
 
