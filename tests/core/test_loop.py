@@ -181,6 +181,25 @@ def test_a_run_records_each_trial_once_and_checkpoints_servable_weights(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_a_sync_step_with_dynamic_sampling_trains_a_full_batch_and_counts_the_rest(
+    tmp_path, tiny_model_dir
+):
+    # the oracle passes every trial: no group has a signal, so the step over-samples its
+    # whole budget (one group) and trains its first two groups
+    cfg = config(tmp_path, tiny_model_dir, steps=1)
+    cfg = attrs.evolve(
+        cfg, rollout=attrs.evolve(cfg.rollout, dynamic_sampling=True, max_oversample=1)
+    )
+    run = train(cfg)
+    (m,) = run.metrics()
+    assert (m["groups/oversampled"], m["groups/dropped_no_signal"]) == (1, 1)
+    assert m["trials/total"] == 4, "the optimizer got the batch, not the dropped group"
+    slots = Counter(t.group_id.split("-")[1] for t in run.trials() if t.group_id)
+    assert slots == {"00": 2, "01": 2, "02": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_cancelled_run_resumes_with_each_trial_recorded_exactly_once(
     tmp_path, tiny_model_dir, counter
 ):
