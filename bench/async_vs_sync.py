@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/async_vs_sync.py --quick          # minutes: tiny model, oracle
     .venv/bin/python bench/async_vs_sync.py                  # the CPU quickstart, twice (hours)
-    .venv/bin/python bench/async_vs_sync.py --steps 4 --json out.json
+    .venv/bin/python bench/async_vs_sync.py --quick --only long-tail --json out.json
 
 Two task sets, each trained twice (``run.mode = "sync"`` then ``"async"``) with the same
 config, model and number of trained trials (``steps`` x ``tasks_per_step`` x ``n_per_task``):
@@ -13,13 +13,17 @@ config, model and number of trained trials (``steps`` x ``tasks_per_step`` x ``n
    random model and the ``oracle`` agent, so it measures the loops' overheads only (and
    skips the held-out evaluation: the oracle's pass@1 is 1 by construction).
 2. ``long-tail``: tasks the bench writes itself, copies of the hello-world task whose
-   solution waits on a tool (``sleep``, not CPU); one task in four waits 10x longer. The
-   synchronous loop waits for the slowest trial of every step; the asynchronous one keeps
-   its slots busy. Goal: >= 2x trials per hour.
+   tests wait on a tool (``sleep``, not CPU) before checking; one task in four waits 10x
+   longer. The synchronous loop waits for the slowest trial of every step, and its trials
+   run their phases in lockstep (all CPU at once, then all waiting); the asynchronous one
+   keeps its slots busy. Goal: >= 2x trials per hour.
 
-Reported per run: wall time, trials per hour (trained trials / wall), the first step at
-which a 3-step moving average of the training pass rate (``reward/pass_rate``) is >= 0.8
-and the wall time until then, held-out pass@1. Ratios are async / sync.
+Reported per run: wall time, the loop's own time (the steps, without start-up), trials per
+hour (trained trials / wall, and / loop time), the first step at which a 3-step moving
+average of the training pass rate (``reward/pass_rate``) is >= 0.8 and the loop time until
+then, held-out pass@1, how long the async trainer waited for batches and the rollouter for
+admission, the optimizer's time, and the mean wall time per trial of each phase
+(``slr.costs``). Ratios are async / sync.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slr import log as slr_log
 from slr.config import load_config
 from slr.plugins import get_plugin_manager
 from slr.runs import RunDir
@@ -45,14 +50,17 @@ HELLO = ROOT / "examples" / "tasks" / "hello-world"
 
 
 def long_tail_tasks(folder: Path, *, count: int, short_s: float) -> Path:
-    """``count`` hello-world copies; every fourth one's solution sleeps 10x longer."""
+    """``count`` hello-world copies whose tests first wait on a tool; every fourth waits
+    10x longer. The wait is in ``tests/test.sh`` so that it is there whatever the agent
+    does (the oracle, or a model that never runs the solution)."""
+    test_sh = (HELLO / "tests" / "test.sh").read_text()
     for i in range(count):
         dest = folder / f"wait-{i:02d}"
         shutil.copytree(HELLO, dest)
         wait = short_s * (10 if i % 4 == 0 else 1)
-        (dest / "solution" / "solve.sh").write_text(
-            f"#!/bin/bash\nset -euo pipefail\nsleep {wait}\necho hello > /app/hello.txt\n"
-        )
+        body = test_sh.replace("#!/bin/bash\n", f"#!/bin/bash\nsleep {wait}  # a slow tool\n", 1)
+        assert body != test_sh, "hello-world's test.sh no longer starts with #!/bin/bash"
+        (dest / "tests" / "test.sh").write_text(body)
     return folder
 
 
@@ -121,8 +129,16 @@ def one(args, name: str, tasks: Path, mode: str, work: Path, *, quick: bool) -> 
     run = train(cfg)
     wall = time.monotonic() - t0
     metrics = run.metrics()
-    trained = sum(m.get("trials/total", 0) for m in metrics)
+    trained = int(sum(m.get("trials/total", 0) for m in metrics))
     step, reach_s = reach(metrics)
+    # the loop's own time (steps back to back), without the start-up both modes pay once
+    loop_s = sum(m.get("time/step_s", 0.0) for m in metrics)
+    # where a trial's wall time went, mean per trial over the run (slr.costs' phases)
+    phases = sorted({k for m in metrics for k in m if k.startswith("cost/wall/")})
+    costs = {
+        k.removeprefix("cost/wall/"): sum(m.get(k, 0.0) for m in metrics) / len(metrics)
+        for k in phases
+    }
     pass1 = None
     if name == "quickstart" and not quick:
         pass1 = heldout_pass1(run, work / name / f"eval-{mode}")
@@ -130,8 +146,15 @@ def one(args, name: str, tasks: Path, mode: str, work: Path, *, quick: bool) -> 
         "set": name,
         "mode": mode,
         "wall_s": wall,
+        "loop_s": loop_s,
         "trials_trained": trained,
         "trials_per_hour": trained / wall * 3600,
+        "loop_trials_per_hour": trained / loop_s * 3600 if loop_s else None,
+        "trainer_wait_s": sum(m.get("time/trainer_wait_s", 0.0) for m in metrics),
+        "admission_wait_s": sum(m.get("time/admission_wait_s", 0.0) for m in metrics),
+        "update_s": sum(m.get("time/update_s", 0.0) for m in metrics),
+        "dropped_stale": sum(m.get("groups/dropped_stale", 0) for m in metrics),
+        "trial_wall_by_phase_s": costs,
         "reach_step": step,
         "reach_s": reach_s,
         "heldout_pass1": pass1,
@@ -141,13 +164,16 @@ def one(args, name: str, tasks: Path, mode: str, work: Path, *, quick: bool) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny model + oracle agent")
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 10; quick 4)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 10; quick 8)")
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--tail-short-s", type=float, default=0.3, help="a short tool wait")
     ap.add_argument("--only", choices=["quickstart", "long-tail"], default=None)
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args()
-    args.steps = args.steps or (4 if args.quick else 10)
+    # quick: 8 steps, since with max_staleness = 1 the async loop overlaps at most two
+    # steps, and over 4 its pipeline is mostly filling and draining
+    args.steps = args.steps or (8 if args.quick else 10)
+    slr_log.configure(level="warning")  # the table and the JSON line are the output
     rows = []
     with tempfile.TemporaryDirectory(prefix="slr-bench-async-") as tmp:
         work = Path(tmp)
@@ -166,23 +192,46 @@ def main() -> None:
             for mode in ("sync", "async"):
                 rows.append(one(args, name, tasks, mode, work, quick=args.quick))
     print(
-        f"{'set':<11} {'mode':<6} {'wall s':>8} {'trials':>6} {'trials/h':>9} "
-        f"{'reach step':>10} {'reach s':>8} {'pass@1':>7}"
+        f"{'set':<11} {'mode':<6} {'wall s':>7} {'loop s':>7} {'trials':>6} {'trials/h':>9} "
+        f"{'loop t/h':>9} {'reach step':>10} {'reach s':>8} {'pass@1':>7} {'wait trn':>8} "
+        f"{'wait adm':>8} {'update':>7}"
     )
     for r in rows:
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         print(
-            f"{r['set']:<11} {r['mode']:<6} {r['wall_s']:>8.1f} {r['trials_trained']:>6} "
-            f"{r['trials_per_hour']:>9.0f} {fmt(r['reach_step'], 'd'):>10} "
-            f"{fmt(r['reach_s'], '.1f'):>8} {fmt(r['heldout_pass1'], '.2f'):>7}"
+            f"{r['set']:<11} {r['mode']:<6} {r['wall_s']:>7.1f} {r['loop_s']:>7.1f} "
+            f"{r['trials_trained']:>6} {r['trials_per_hour']:>9.0f} "
+            f"{fmt(r['loop_trials_per_hour'], '.0f'):>9} {fmt(r['reach_step'], 'd'):>10} "
+            f"{fmt(r['reach_s'], '.1f'):>8} {fmt(r['heldout_pass1'], '.2f'):>7} "
+            f"{r['trainer_wait_s']:>8.1f} {r['admission_wait_s']:>8.1f} {r['update_s']:>7.1f}"
         )
-    ratios = {}
-    for name in {r["set"] for r in rows}:
+    phases = sorted({k for r in rows for k in r["trial_wall_by_phase_s"]})
+    if phases:
+        print("\nmean wall time per trial by phase (s):")
+        print(f"{'set':<11} {'mode':<6} " + " ".join(f"{p[:-2]:>14}" for p in phases))
+        for r in rows:
+            by = r["trial_wall_by_phase_s"]
+            cells = " ".join(f"{by.get(p, 0.0):>14.2f}" for p in phases)
+            print(f"{r['set']:<11} {r['mode']:<6} {cells}")
+    ratios, loop_ratios = {}, {}
+    for name in sorted({r["set"] for r in rows}):
         by = {r["mode"]: r for r in rows if r["set"] == name}
         if len(by) == 2:
             ratios[name] = by["async"]["trials_per_hour"] / by["sync"]["trials_per_hour"]
-            print(f"{name}: async / sync trials per hour = {ratios[name]:.2f}x")
-    result = {"rows": rows, "async_over_sync_trials_per_hour": ratios, "quick": args.quick}
+            loop_ratios[name] = by["sync"]["loop_s"] / by["async"]["loop_s"]
+            print(
+                f"{name}: async / sync trials per hour = {ratios[name]:.2f}x "
+                f"(loop time only: {loop_ratios[name]:.2f}x)"
+            )
+    result = {
+        "rows": rows,
+        "async_over_sync_trials_per_hour": ratios,
+        "async_over_sync_loop_trials_per_hour": loop_ratios,
+        "quick": args.quick,
+        "steps": args.steps,
+        "max_staleness": args.max_staleness,
+        "tail_short_s": args.tail_short_s,
+    }
     print(json.dumps(result))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2))

@@ -12,11 +12,13 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
+import attrs
 import pytest
 
 from slr import checkpoints, hookimpl
 from slr.config import load_config
-from slr.loop import Loop, group_id, step_specs, trial_id
+from slr.contracts import Reward, TrialResult
+from slr.loop import Loop, group_id, rollout_step, sample_tasks, step_specs, trial_id
 from slr.plugins import get_plugin_manager
 from slr.runs import RunDir
 from slr.tasks import load_tasks
@@ -85,6 +87,82 @@ def test_a_step_is_groups_of_deterministic_ids_that_match_the_documented_format(
     assert all(s.step == 3 for s in specs)
 
 
+def sampling_config(tmp_path: Path, *, dynamic: bool, max_oversample: int = 2):
+    cfg = config(tmp_path)
+    rollout = attrs.evolve(cfg.rollout, dynamic_sampling=dynamic, max_oversample=max_oversample)
+    return attrs.evolve(cfg, rollout=rollout)
+
+
+def stub_runner(pass_rule):
+    """Stands in for the rollout session (a stub: the wave logic is under test, not trials):
+    each trial's reward is ``pass_rule(spec)``; it keeps every wave's specs."""
+    waves: list[list] = []
+
+    async def run(specs, wave):
+        assert wave == len(waves)
+        waves.append(list(specs))
+        return [
+            TrialResult(
+                trial_id=s.trial_id,
+                task_id=s.task.id,
+                termination="completed",
+                reward=Reward(value=float(pass_rule(s))),
+                group_id=s.group_id,
+                step=s.step,
+            )
+            for s in specs
+        ]
+
+    return run, waves
+
+
+def slots_of(specs) -> list[int]:
+    return sorted({int(s.group_id.split("-")[1]) for s in specs})
+
+
+def test_dynamic_sampling_over_samples_in_waves_until_the_batch_is_informative(tmp_path):
+    # hello-world groups all pass (no signal); make-directory groups pass on sample 0 only
+    cfg = sampling_config(tmp_path, dynamic=True, max_oversample=2)
+    tasks = load_tasks(TASKS, include=INCLUDE)
+    picked = [t.id for t in sample_tasks(tasks, seed=0, step=1, count=4)]
+    assert picked == ["make-directory", "hello-world", "hello-world", "make-directory"]
+    run, waves = stub_runner(lambda s: s.task.id == "hello-world" or s.trial_id.endswith("-0"))
+    out = asyncio.run(rollout_step(tasks, cfg, 1, run))
+    # wave 1: slots 0 (signal) and 1 (none); one more each time a group has none
+    assert [slots_of(w) for w in waves] == [[0, 1], [2], [3]]
+    assert slots_of(out.trials) == [0, 3] and len(out.trials) == 4
+    assert (out.oversampled, out.dropped_no_signal) == (2, 2)
+    # the budget runs out before two informative groups: the earliest flat group fills in
+    cfg = sampling_config(tmp_path, dynamic=True, max_oversample=1)
+    run, waves = stub_runner(lambda s: s.task.id == "hello-world" or s.trial_id.endswith("-0"))
+    out = asyncio.run(rollout_step(tasks, cfg, 1, run))
+    assert [slots_of(w) for w in waves] == [[0, 1], [2]]
+    assert slots_of(out.trials) == [0, 1] and (out.oversampled, out.dropped_no_signal) == (1, 1)
+
+
+def test_without_dynamic_sampling_a_step_is_its_groups_whatever_their_rewards(tmp_path):
+    tasks = load_tasks(TASKS, include=INCLUDE)
+    run, waves = stub_runner(lambda s: True)  # every group without signal
+    out = asyncio.run(rollout_step(tasks, sampling_config(tmp_path, dynamic=False), 1, run))
+    assert [slots_of(w) for w in waves] == [[0, 1]]
+    assert waves[0] == step_specs(tasks, config(tmp_path), 1)
+    assert (len(out.trials), out.oversampled, out.dropped_no_signal) == (4, 0, 0)
+    # all flat, with the feature: two more groups (a wave of two), then the first two fill in
+    run, waves = stub_runner(lambda s: True)
+    out = asyncio.run(rollout_step(tasks, sampling_config(tmp_path, dynamic=True), 1, run))
+    assert [slots_of(w) for w in waves] == [[0, 1], [2, 3]]
+    assert slots_of(out.trials) == [0, 1] and (out.oversampled, out.dropped_no_signal) == (2, 2)
+
+
+def test_a_steps_over_samples_extend_its_task_order_without_changing_it(tmp_path):
+    cfg = config(tmp_path)
+    tasks = load_tasks(TASKS, include=INCLUDE)
+    first = step_specs(tasks, cfg, 5)
+    more = step_specs(tasks, cfg, 5, slots=range(0, 4))
+    assert more[: len(first)] == first
+    assert step_specs(tasks, cfg, 5, slots=range(2, 4)) == more[len(first) :]
+
+
 @pytest.mark.slow
 def test_a_run_records_each_trial_once_and_checkpoints_servable_weights(
     tmp_path, tiny_model_dir, counter
@@ -99,6 +177,25 @@ def test_a_run_records_each_trial_once_and_checkpoints_servable_weights(
     state = checkpoints.read_state(latest)
     assert state.step == 2 and state.servable_weights == "policy"
     assert checkpoints.resolve_checkpoint(run.path).weights == latest / "policy"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sync_step_with_dynamic_sampling_trains_a_full_batch_and_counts_the_rest(
+    tmp_path, tiny_model_dir
+):
+    # the oracle passes every trial: no group has a signal, so the step over-samples its
+    # whole budget (one group) and trains its first two groups
+    cfg = config(tmp_path, tiny_model_dir, steps=1)
+    cfg = attrs.evolve(
+        cfg, rollout=attrs.evolve(cfg.rollout, dynamic_sampling=True, max_oversample=1)
+    )
+    run = train(cfg)
+    (m,) = run.metrics()
+    assert (m["groups/oversampled"], m["groups/dropped_no_signal"]) == (1, 1)
+    assert m["trials/total"] == 4, "the optimizer got the batch, not the dropped group"
+    slots = Counter(t.group_id.split("-")[1] for t in run.trials() if t.group_id)
+    assert slots == {"00": 2, "01": 2, "02": 2}
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from slr.contracts import AgentOutcome
 from slr.plugins import get_plugin_manager
 from slr.rollout import RolloutSession, TrialSpec
 from slr.runs import RunDir
+from slr.sandboxing.pool import SandboxPool
 from slr.tasks import load_task
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
@@ -114,6 +115,36 @@ def test_each_trial_is_recorded_once_and_a_recorded_spec_is_not_run_again(
     assert counter.calls == recorded_files(run) == Counter({"t0": 1, "t1": 1, "t2": 1})
     assert first[0].group_id == "g" and first[0].step == 1 and first[0].weights_version is None
     assert backend.closed == 1
+
+
+def test_expect_warms_the_pool_for_announced_trials_that_have_no_record(tmp_path, slr_plugins):
+    run = RunDir.create(tmp_path / "runs", "r", "")
+    backend = ClosingSpy(tmp_path)
+    s = RolloutSession(
+        run,
+        plugins=slr_plugins.manager,
+        config=config(rollout={"concurrency": 2, "pool_size": 2}),
+        backend=backend,
+        agent=OracleAgent(),
+        verifier=HarborVerifier(),
+        tasks=[specs(1)[0].task],
+    )
+
+    async def go():
+        async with s:
+            pool = s.backend
+            assert isinstance(pool, SandboxPool)
+            await s.run_one(specs(1)[0])  # t0 is recorded
+            s.expect(specs(1))  # only t0: read back, not run, so nothing to warm
+            idle = pool.warm
+            s.expect(specs(2))  # t0 and t1: one sandbox, for t1
+            warm = pool.warm
+            await pool.wait_ready()
+            return idle, warm
+
+    assert asyncio.run(go()) == (0, 1)
+    # leaving the session stopped t1's sandbox, which no trial took, and closed the backend
+    assert backend.closed == 1 and not any((tmp_path / "ws").iterdir())
 
 
 def test_duplicate_ids_are_refused_before_anything_runs(tmp_path, slr_plugins, counter):

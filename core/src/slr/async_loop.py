@@ -44,6 +44,7 @@ and no group is trained twice by the weights that survive.
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
 import re
 import time
@@ -58,7 +59,7 @@ from slr import log as slr_log
 from slr.contracts import TrialResult
 from slr.costs import cost_means
 from slr.errors import UsageError
-from slr.loop import Loop
+from slr.loop import Loop, no_signal
 from slr.rollout import TrialRunner, TrialSpec
 from slr.tasks import Task
 
@@ -98,12 +99,6 @@ def group_specs(tasks: Sequence[Task], *, seed: int, seq: int, n: int) -> list[T
     return [
         TrialSpec(task=task, trial_id=async_trial_id(seq, task, k), group_id=gid) for k in range(n)
     ]
-
-
-def no_signal(trials: Sequence[TrialResult]) -> bool:
-    """Whether a group's trainable rewards are all equal (two or more of them)."""
-    rewards = {t.reward.value for t in trials if t.trainable and t.reward is not None}
-    return sum(t.trainable for t in trials) >= 2 and len(rewards) == 1
 
 
 def token_versions(trial: TrialResult) -> list[int]:
@@ -219,10 +214,23 @@ class AsyncLoop(Loop):
         trained_at = self.steps_taken + 1 + self.ahead // r.tasks_per_step
         return trained_at - 1 - self.version <= r.max_staleness
 
+    def _lookahead(self) -> int:
+        """How many groups to announce before they start: enough to fill the warm pool."""
+        r = self.config.rollout
+        return max(1, -(-r.pool_size // r.n_per_task))
+
     async def _rollouter(self, runner: TrialRunner, tg: asyncio.TaskGroup) -> None:
         n = self.config.rollout.n_per_task
         sem = asyncio.Semaphore(self.config.rollout.concurrency)
-        for seq in self._sequence():
+        upcoming: collections.deque[int] = collections.deque()
+        sequence = self._sequence()
+        while True:
+            # announce the next groups before waiting for a slot, so a warm pool has their
+            # sandboxes started by the time they run
+            while len(upcoming) < self._lookahead():
+                upcoming.append(seq := next(sequence))
+                runner.expect(self._specs(seq))
+            seq = upcoming.popleft()
             async with self._cond:
                 await self._cond.wait_for(self._slot_free)
                 t0 = time.monotonic()
@@ -299,10 +307,11 @@ class AsyncLoop(Loop):
         metrics: dict[str, Any] = dict(await asyncio.to_thread(self.parts.optimizer.step, trials))
         t2 = time.monotonic()
         in_flight = self.pending_trials
+        # the copy of the whole state dict runs in a thread too: on the event loop it would
+        # stall the proxy and every trial for as long as it takes (a model's size in bytes)
+        weights = await asyncio.to_thread(self.parts.optimizer.export_weights)
         try:
-            version = await self.parts.engine.update_weights(
-                self.parts.optimizer.export_weights(), version=step, mode="partial"
-            )
+            version = await self.parts.engine.update_weights(weights, version=step, mode="partial")
         except NotImplementedError as exc:
             raise UsageError(
                 f"run.mode = 'async' needs an engine that can update weights mid-generation "

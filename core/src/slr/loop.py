@@ -4,7 +4,9 @@ Each step samples ``rollout.tasks_per_step`` tasks (the order is a pure function
 ``run.seed`` and the step number, so a resumed run samples the same tasks), runs
 ``rollout.n_per_task`` trials of each as one group through the run's rollout session
 (``slr.rollout``), hands the trials to the optimizer, pushes the new weights to the engine
-and writes a checkpoint, then the step's metrics line.
+and writes a checkpoint, then the step's metrics line. With ``rollout.dynamic_sampling``
+a step over-samples groups until it has ``tasks_per_step`` with reward variance or
+``max_oversample`` extra groups ran (``Loop.rollout``).
 
 Crash safety (everything is read back from the run directory on ``--resume``):
 
@@ -29,7 +31,7 @@ import json
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -107,20 +109,87 @@ def trial_id(step: int, task: Task, k: int, slot: int) -> str:
     return f"{group_id(step, task, slot)}-{k}"
 
 
-def step_specs(tasks: Sequence[Task], config: Config, step: int) -> list[TrialSpec]:
-    """The trials of step ``step``: ``rollout.n_per_task`` samples of each sampled task."""
+def step_specs(
+    tasks: Sequence[Task], config: Config, step: int, *, slots: range | None = None
+) -> list[TrialSpec]:
+    """The trials of step ``step``: ``rollout.n_per_task`` samples of each sampled task.
+
+    ``slots`` picks groups by slot (default: the step's ``tasks_per_step``). Slots past
+    those are the step's over-samples (dynamic sampling); the tasks of the first slots
+    never depend on how many are drawn, so a slot's task is fixed by (seed, step, slot).
+    """
     rollout = config.rollout
-    picked = sample_tasks(tasks, seed=config.run.seed, step=step, count=rollout.tasks_per_step)
+    slots = range(rollout.tasks_per_step) if slots is None else slots
+    picked = sample_tasks(tasks, seed=config.run.seed, step=step, count=slots.stop)
     return [
         TrialSpec(
-            task=task,
-            trial_id=trial_id(step, task, k, slot),
-            group_id=group_id(step, task, slot),
+            task=picked[slot],
+            trial_id=trial_id(step, picked[slot], k, slot),
+            group_id=group_id(step, picked[slot], slot),
             step=step,
         )
-        for slot, task in enumerate(picked)
+        for slot in slots
         for k in range(rollout.n_per_task)
     ]
+
+
+def no_signal(trials: Sequence[TrialResult]) -> bool:
+    """Whether a group's trainable rewards are all equal (two or more of them): with no
+    reward variance, a group-relative advantage is zero for every trial."""
+    rewards = {t.reward.value for t in trials if t.trainable and t.reward is not None}
+    return sum(t.trainable for t in trials) >= 2 and len(rewards) == 1
+
+
+@attrs.frozen(kw_only=True)
+class StepRollout:
+    """What a synchronous step rolled out: the groups it trains on, and what it left out."""
+
+    trials: list[TrialResult]
+    """The trials of the trained groups, in slot order."""
+    oversampled: int = 0
+    """Groups rolled out beyond ``tasks_per_step`` (dynamic sampling)."""
+    dropped_no_signal: int = 0
+    """Groups without reward variance left out of the batch."""
+
+
+async def rollout_step(
+    tasks: Sequence[Task],
+    config: Config,
+    step: int,
+    run: Callable[[list[TrialSpec], int], Awaitable[list[TrialResult]]],
+) -> StepRollout:
+    """Roll out step ``step``'s groups with ``run(specs, wave)``; with dynamic sampling,
+    over-sample.
+
+    Groups run in waves: first the step's ``tasks_per_step``; then, for each group
+    without reward variance (``no_signal``), one more (the next slot), until the step has
+    ``tasks_per_step`` informative groups or ``max_oversample`` extra groups ran. The batch
+    is the informative groups, filled up to ``tasks_per_step`` with groups without signal
+    (the earliest slots) when the budget ran out; the optimizer's zero-variance rule then
+    leaves those out of the loss. Each wave is a pure function of the recorded rewards of
+    the waves before it, so a resumed step re-runs the same waves and reads them back.
+    """
+    r = config.rollout
+    last = r.tasks_per_step + (r.max_oversample if r.dynamic_sampling else 0)
+    informative: list[tuple[int, list[TrialResult]]] = []
+    flat: list[tuple[int, list[TrialResult]]] = []
+    next_slot, want, wave = 0, r.tasks_per_step, 0
+    while want > 0 and next_slot < last:
+        slots = range(next_slot, min(next_slot + want, last))
+        trials = await run(step_specs(tasks, config, step, slots=slots), wave)
+        for i, slot in enumerate(slots):
+            group = trials[i * r.n_per_task : (i + 1) * r.n_per_task]
+            signal = not (r.dynamic_sampling and no_signal(group))
+            (informative if signal else flat).append((slot, group))
+        next_slot, wave = slots.stop, wave + 1
+        want = r.tasks_per_step - len(informative)
+    fill = flat[: r.tasks_per_step - len(informative)]
+    batch = sorted(informative + fill, key=lambda g: g[0])
+    return StepRollout(
+        trials=[t for _, group in batch for t in group],
+        oversampled=next_slot - r.tasks_per_step,
+        dropped_no_signal=len(flat) - len(fill),
+    )
 
 
 class Loop:
@@ -177,15 +246,24 @@ class Loop:
 
     # -- one step -----------------------------------------------------------------------
 
+    async def rollout(self, step: int, session: RolloutSession) -> StepRollout:
+        """Roll out step ``step``'s groups through the session (``rollout_step``)."""
+        label = f"step {step}/{self.config.run.steps} rollout"
+
+        async def run(specs: list[TrialSpec], wave: int) -> list[TrialResult]:
+            more = f" (over-sampling, wave {wave + 1})" if wave else ""
+            return await session.run(specs, label=label + more)
+
+        return await rollout_step(self.tasks, self.config, step, run)
+
     async def step(self, step: int, session: RolloutSession) -> dict[str, Any]:
         t0 = time.monotonic()
-        trials: list[TrialResult] = await session.run(
-            step_specs(self.tasks, self.config, step),
-            label=f"step {step}/{self.config.run.steps} rollout",
-        )
+        rolled = await self.rollout(step, session)
+        trials = rolled.trials
         t1 = time.monotonic()
-        # The optimizer sees every trial: it excludes infrastructure failures itself and
-        # reports them, so the step's metrics describe the whole rollout.
+        # The optimizer sees every trial of the batch: it excludes infrastructure failures
+        # itself and reports them, so the step's metrics describe the whole batch (with
+        # dynamic sampling, groups left out for lack of signal are counted, not passed).
         metrics: dict[str, Any] = dict(await asyncio.to_thread(self.parts.optimizer.step, trials))
         t2 = time.monotonic()
         # The weights after step N are version N, in a resumed run too.
@@ -201,6 +279,9 @@ class Loop:
                 "time/sync_s": t3 - t2,
             }
         )
+        if self.config.rollout.dynamic_sampling:
+            metrics["groups/oversampled"] = rolled.oversampled
+            metrics["groups/dropped_no_signal"] = rolled.dropped_no_signal
         metrics.update(cost_means(trials))  # the trials' cost split, mean per trial
         await self.checkpoint(step, metrics)
         metrics["time/step_s"] = time.monotonic() - t0

@@ -15,7 +15,9 @@ context manager:
   the whole per-trial interface a loop needs (``TrialRunner``): the asynchronous loop
   (``slr.async_loop``) talks to the session through it alone, and a remote rollout pool
   (workers on other machines sending their records back to the one writer of the run
-  directory) is a drop-in replacement that implements it;
+  directory) is a drop-in replacement that implements it. ``expect(specs)`` announces
+  the trials a caller of ``run_one`` is about to start, so a warm sandbox pool
+  (``rollout.pool_size``) starts their sandboxes ahead of need;
 - ``run(specs)`` is ``run_one`` over a list with at most ``concurrency`` at once, results
   in spec order (what the synchronous loop and ``slr eval`` use);
 - every finished trial goes through ``record``, the only recording path: it is written to
@@ -79,6 +81,12 @@ class TrialRunner(Protocol):
     """
 
     async def run_one(self, spec: TrialSpec) -> TrialResult: ...
+
+    def expect(self, specs: Sequence[TrialSpec]) -> None:
+        """A hint: these trials are about to be run, in this order, so a warm sandbox pool
+        can start their sandboxes ahead of need. Announcing a trial that then never runs
+        is harmless, and ``run_one`` works the same without it."""
+        ...
 
 
 def emit(plugins: PluginManager, hook: str, **kwargs: Any) -> None:
@@ -211,12 +219,25 @@ class RolloutSession:
             raise ValueError(f"trial ids must be unique within a run; given twice: {twice}")
         recorded = self.run_dir.trial_ids()
         todo = [s for s in specs if s.trial_id not in recorded]
-        if isinstance(self.backend, SandboxPool):
-            self.backend.expect([s.task for s in todo])
+        self._announce(todo)
         jobs = [self._job(s) for s in todo]
         finished = await run_trials(jobs, concurrency=self.config.rollout.concurrency, label=label)
         done = {r.trial_id: r for r in finished}
         return [done[i] if i in done else self.run_dir.trial(i) for i in ids]
+
+    def expect(self, specs: Sequence[TrialSpec]) -> None:
+        """The trials about to be run through ``run_one``, in order; see ``TrialRunner``.
+
+        With a warm pool (``rollout.pool_size``) their sandboxes start now; trials already
+        recorded are left out (``run_one`` reads them back instead of running them).
+        Without a pool this does nothing. ``run`` announces its own specs.
+        """
+        self._require_entered()
+        self._announce([s for s in specs if not self.run_dir.has_trial(s.trial_id)])
+
+    def _announce(self, specs: Sequence[TrialSpec]) -> None:
+        if isinstance(self.backend, SandboxPool) and specs:
+            self.backend.expect([s.task for s in specs])
 
     async def run_one(self, spec: TrialSpec) -> TrialResult:
         """Run one spec and record it (or read back its record); see ``TrialRunner``."""
