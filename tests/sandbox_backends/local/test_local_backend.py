@@ -216,3 +216,41 @@ def test_an_escaped_init_of_a_dead_owner_is_killed_by_cleanup_orphans(
 
     removed, left = asyncio.run(go())
     assert removed >= 1 and left == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_start_cancelled_during_the_copy_leaves_no_workspace(backend, example_tasks, monkeypatch):
+    # The copy of the task's root runs on a thread, which a cancel cannot stop: the start
+    # must wait for it before removing the workspace, or the thread writes into a folder
+    # that no owner file claims any more (and cleanup_orphans never removes it).
+    import threading
+    import time
+
+    from slr_backend_local import backend as module
+
+    real, copying, copied = module._timed_copy, threading.Event(), threading.Event()
+
+    def slow_copy(src, dest):
+        copying.set()
+        time.sleep(0.5)  # still copying when the cancel arrives
+        try:
+            return real(src, dest)
+        finally:
+            copied.set()
+
+    monkeypatch.setattr(module, "_timed_copy", slow_copy)
+    asyncio.run(backend.prepare(example_tasks[0]))
+    before = set(backend.workspace_dir.iterdir()) if backend.workspace_dir.exists() else set()
+
+    async def cancel_mid_copy():
+        start = asyncio.create_task(
+            backend.start(example_tasks[0], trial_id="cancelled-start", labels={})
+        )
+        await asyncio.to_thread(copying.wait, 10)
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+
+    asyncio.run(cancel_mid_copy())
+    assert copied.wait(10)  # the thread has written all it will write
+    assert set(backend.workspace_dir.iterdir()) == before

@@ -186,14 +186,18 @@ class LocalBackend:
             json.dumps({"pid": os.getpid(), "trial_id": trial_id, "labels": dict(labels)})
         )
         link = cgroup = None
+        # the copy is this sandbox's start cost, paid on a host thread: charged to it
+        copy = asyncio.ensure_future(asyncio.to_thread(_timed_copy, env_dir / "fs", ws / "fs"))
         try:
-            # the copy is this sandbox's start cost, paid on a host thread: charged to it
-            copy_cpu_s = await asyncio.to_thread(_timed_copy, env_dir / "fs", ws / "fs")
+            copy_cpu_s = await asyncio.shield(copy)
             if self.isolated:
                 link = ProxyLink()
                 link.start()
             cgroup = SandboxCgroup.create(f"{os.getpid()}-{ws.name}")
         except BaseException:
+            # A cancel cannot stop the copy's thread: wait for it, or it would write into a
+            # workspace removed under it (no owner file left, so no cleanup would ever find it).
+            await asyncio.wait([copy])
             if link is not None:
                 link.remove()
             if cgroup is not None:
