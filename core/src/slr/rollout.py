@@ -60,12 +60,17 @@ log = structlog.get_logger()
 
 @attrs.frozen(kw_only=True)
 class TrialSpec:
-    """One trial to run: which task, under which id, in which group of which step."""
+    """One trial to run: which task, under which id, in which group of which step.
+
+    ``capture_diff`` keeps the agent's change to the working repository in the record
+    (``TrialResult.diff``; ``slr infer`` sets it).
+    """
 
     task: Task
     trial_id: str
     group_id: str | None = None
     step: int | None = None
+    capture_diff: bool = False
 
 
 class TrialRunner(Protocol):
@@ -248,6 +253,7 @@ class RolloutSession:
                 run_id=self.run_dir.id,
                 group_id=spec.group_id,
                 step=spec.step,
+                capture_diff=spec.capture_diff,
             )
             return self.record(attrs.evolve(result, weights_version=version))
 
