@@ -137,6 +137,15 @@ def test_mutations_change_one_node_and_keep_the_rest():
     assert any("(a <= b)" in m.mutated for m in muts)
 
 
+def test_two_mutations_on_one_line_get_two_task_ids():
+    # found on a real repository: two constants on one line wrote one task folder twice
+    src = "def f(x):\n    return x + 1 if x > 0 else 2\n"
+    muts = [m for m in mutations({"m.py": src}) if m.kind == "constant"]
+    assert len(muts) == 3  # 1, 0 and 2
+    assert len({m.name for m in muts}) == 3
+    assert muts[0].name == "m-f-constant-l2"  # the first keeps the short name
+
+
 def test_import_cli_from_a_local_clone(tmp_path, calc_repo):
     repo, shas = calc_repo
     rec = records(str(repo), shas["v1"])["swe-bench"]

@@ -61,11 +61,15 @@ class Mutation:
     line: int
     original: str
     mutated: str
+    column: int = 0
 
     @property
     def name(self) -> str:
+        """``<module>-<function>-<kind>-l<line>``, plus ``c<column>`` past the first node of
+        that kind on the line, so two mutations never share a task id."""
         stem = self.path.rsplit("/", 1)[-1].removesuffix(".py")
-        return f"{stem}-{self.function}-{self.kind}-l{self.line}"
+        col = f"c{self.column}" if self.column else ""
+        return f"{stem}-{self.function}-{self.kind}-l{self.line}{col}"
 
 
 def _mutate(node: ast.AST, kind: str) -> ast.expr | None:
@@ -118,6 +122,7 @@ def mutations(repo_files: dict[str, str]) -> Iterator[Mutation]:
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             seen: set[tuple[str, int, int]] = set()
+            first_col: dict[tuple[str, int], int] = {}
             sites: list[tuple[str, Any]] = [("condition", c) for c in _conditions(fn)]
             sites += [(k, n) for n in ast.walk(fn) for k in KINDS if k != "condition"]
             for kind, node in sites:
@@ -131,13 +136,16 @@ def mutations(repo_files: dict[str, str]) -> Iterator[Mutation]:
                 seen.add(key)
                 mutated = _replace(source, node, f"({ast.unparse(new)})")
                 if mutated != source:
+                    line, col = key[1], key[2]
+                    first = first_col.setdefault((kind, line), col)
                     yield Mutation(
                         path=path,
                         function=fn.name,
                         kind=kind,
-                        line=node.lineno,  # type: ignore[attr-defined]
+                        line=line,
                         original=source,
                         mutated=mutated,
+                        column=0 if col == first else col + 1,
                     )
 
 
@@ -211,14 +219,25 @@ async def synth(
                 if kept >= max_tasks:
                     break
                 started = time.monotonic()
-                await probe.write(mut.path, mut.mutated, Path(tmp))
+                tid = f"{name}-{mut.name}"
                 try:
-                    now = await probe.run(reset=False)
-                finally:
-                    await probe.write(mut.path, mut.original, Path(tmp))
+                    await probe.write(mut.path, mut.mutated, Path(tmp))
+                    try:
+                        now = await probe.run(reset=False)
+                    finally:
+                        await probe.write(mut.path, mut.original, Path(tmp))
+                except SandboxError as exc:
+                    results.append(
+                        Outcome(
+                            name=tid,
+                            reason=f"could not run the tests: {str(exc)[:300]}",
+                            seconds=time.monotonic() - started,
+                        )
+                    )
+                    progress(results[-1])
+                    continue
                 f2p = sorted(t for t in passing if now.get(t) != "passed")
                 p2p = sorted(t for t in passing if now.get(t) == "passed")
-                tid = f"{name}-{mut.name}"
                 if not f2p:
                     results.append(
                         Outcome(
