@@ -16,7 +16,8 @@ One optional step sits between the phases: with ``capture_diff`` (``slr infer``)
 agent's processes are gone and before the history is restored, the working repository's
 change since the agent phase began (``git diff`` against the snapshot commit, new files
 included, binary files as git's binary patches, Python byte-code left out) is kept as
-``TrialResult.diff``; without a repository the diff is empty.
+``TrialResult.diff``; without a repository the diff is empty, and when git fails the diff
+is None and the trial's ``capture_diff`` log says why (the reward stands).
 """
 
 from __future__ import annotations
@@ -140,9 +141,8 @@ async def run_trial(
 
     ``agent_timeout_s`` overrides the task's ``[agent] timeout_sec``. ``capture_diff`` keeps
     the agent's change to the working repository as the result's ``diff`` (module
-    docstring). The sandbox carries
-    the run, trial and task labels (``slr.sandboxing.labels.trial_labels``) plus
-    ``labels``, which cannot override them. Nothing is written here: recording a trial is
+    docstring). The sandbox carries the run, trial and task labels
+    (``slr.sandboxing.labels.trial_labels``) plus ``labels``, which cannot override them. Nothing is written here: recording a trial is
     ``slr.rollout.RolloutSession.record``'s job.
     """
     trial_id = trial_id or new_trial_id(task.id)
@@ -427,9 +427,10 @@ class _Trial:
         assert sandbox is not None
         # A throw-away index, so the repository's own index is what the agent left.
         res = await sandbox.exec(["sh", "-c", _DIFF, "diff", self.git_top or ""], user="root")
-        if not res.ok:
-            raise SandboxError(f"git diff failed: {res.stderr.strip()[-500:]}")
-        self.diff = res.stdout
+        if res.ok:
+            self.diff = res.stdout
+        else:  # the reward still counts; only the diff is missing, and the log says why
+            self.logs["capture_diff"] = f"git diff failed: {res.stderr.strip()[-2000:]}"
 
     async def _restore_git(self) -> None:
         sandbox, top = self.sandbox, self.git_top
