@@ -66,10 +66,13 @@ class Mutation:
     @property
     def name(self) -> str:
         """``<module>-<function>-<kind>-l<line>``, plus ``c<column>`` past the first node of
-        that kind on the line, so two mutations never share a task id."""
-        stem = self.path.rsplit("/", 1)[-1].removesuffix(".py")
+        that kind on the line, so two mutations never share a task id. Underscores at the
+        ends of names are dropped (``__init__`` is ``init``): image names may not put ``_``
+        next to ``-``."""
+        stem = self.path.rsplit("/", 1)[-1].removesuffix(".py").strip("_") or "module"
+        function = self.function.strip("_") or "function"
         col = f"c{self.column}" if self.column else ""
-        return f"{stem}-{self.function}-{self.kind}-l{self.line}{col}"
+        return f"{stem}-{function}-{self.kind}-l{self.line}{col}"
 
 
 def _mutate(node: ast.AST, kind: str) -> ast.expr | None:
