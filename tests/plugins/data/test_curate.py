@@ -177,6 +177,7 @@ def test_index_only_valid_needs_and_follows_the_verdicts(tmp_path, slr_cli):
 # -- validate ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 40 real trials: ~20 s idle, ~45 s on a loaded 2-core machine
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 @pytest.mark.timeout(180)
 def test_validate_flags_a_flaky_task_and_says_why_others_are_not_ok(tmp_path, slr_cli):
