@@ -229,3 +229,30 @@ def test_the_agent_bundle_is_mounted_read_only(backend, tmp_path):
     run = RunDir.create(tmp_path / "runs", "v", "")
     run.write_trial(r)
     assert [t.agent_version for t in run.trials()] == ["1"]
+
+
+def test_capture_diff_keeps_every_kind_of_change_and_the_history_is_restored_after(
+    backend, tmp_path
+):
+    d = tmp_path / "median"
+    shutil.copytree(EXAMPLES / "fix-median", d)
+    # the verifier sees the original history again (2 commits from make-history.sh), not
+    # the one-commit snapshot the diff was taken against
+    (d / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        "git -c safe.directory='*' -C /app rev-list --count HEAD > /logs/verifier/reward.txt\n"
+    )
+    (d / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\nset -e\ncd /app\nrm README.md\necho 'x = 1' > stats/new.py\n"
+        "printf 'print(1)\\n' >> stats/core.py\npython3 -c 'import stats.core'\n"
+    )
+    task = load_task(d)
+    r = trial(backend, task, capture_diff=True)
+    assert r.termination == T.COMPLETED, r.error
+    assert r.reward is not None and r.reward.value > 1, "history not restored for the verifier"
+    diff = r.diff or ""
+    assert "deleted file mode" in diff and "--- a/README.md" in diff
+    assert "new file mode" in diff and "+++ b/stats/new.py" in diff and "+x = 1" in diff
+    assert "+print(1)" in diff
+    assert "__pycache__" not in diff  # importing the package wrote byte-code
+    assert trial(backend, task).diff is None  # off by default

@@ -20,7 +20,7 @@ import datetime as dt
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
@@ -123,7 +123,7 @@ class Evaluation:
         self.run = resume or create_run_dir(config, output=output, name=name)
 
     @classmethod
-    def resume(cls, path: Path, *, plugins: PluginManager | None = None) -> Evaluation:
+    def resume(cls, path: Path, *, plugins: PluginManager | None = None) -> Self:
         """Continue an interrupted eval: run only the trials that have no record yet."""
         run = RunDir.open(path)
         started = [e for e in run.events() if e["event"] == "started" and e.get("kind") == "eval"]

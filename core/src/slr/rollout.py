@@ -62,12 +62,17 @@ log = structlog.get_logger()
 
 @attrs.frozen(kw_only=True)
 class TrialSpec:
-    """One trial to run: which task, under which id, in which group of which step."""
+    """One trial to run: which task, under which id, in which group of which step.
+
+    ``capture_diff`` keeps the agent's change to the working repository in the record
+    (``TrialResult.diff``; ``slr infer`` sets it).
+    """
 
     task: Task
     trial_id: str
     group_id: str | None = None
     step: int | None = None
+    capture_diff: bool = False
 
 
 class TrialRunner(Protocol):
@@ -270,6 +275,7 @@ class RolloutSession:
                 agent_timeout_multiplier=self.config.rollout.agent_timeout_multiplier,
                 group_id=spec.group_id,
                 step=spec.step,
+                capture_diff=spec.capture_diff,
             )
             return self.record(attrs.evolve(result, weights_version=version))
 

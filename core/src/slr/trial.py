@@ -11,6 +11,13 @@ it; the git history of the working repository is squashed to one commit for the 
 phase (the original ``.git`` waits on the host); the sandbox reaches only the proxy; after
 the agent phase every process it left is killed, the history is restored if the task asks,
 and only then do the tests enter the sandbox.
+
+One optional step sits between the phases: with ``capture_diff`` (``slr infer``), once the
+agent's processes are gone and before the history is restored, the working repository's
+change since the agent phase began (``git diff`` against the snapshot commit, new files
+included, binary files as git's binary patches, Python byte-code left out) is kept as
+``TrialResult.diff``; without a repository the diff is empty, and when git fails the diff
+is None and the trial's ``capture_diff`` log says why (the reward stands).
 """
 
 from __future__ import annotations
@@ -129,13 +136,16 @@ async def run_trial(
     group_id: str | None = None,
     step: int | None = None,
     run_id: str | None = None,
+    capture_diff: bool = False,
 ) -> TrialResult:
     """Run one trial of ``task`` and return its record.
 
     ``agent_timeout_s`` overrides the task's ``[agent] timeout_sec``; the timeout in force
-    (either) is scaled by ``agent_timeout_multiplier``, as Harbor scales it. The sandbox carries
-    the run, trial and task labels (``slr.sandboxing.labels.trial_labels``) plus
-    ``labels``, which cannot override them. Nothing is written here: recording a trial is
+    (either) is scaled by ``agent_timeout_multiplier``, as Harbor scales it. ``capture_diff``
+    keeps the agent's change to the working repository as the result's ``diff`` (module
+    docstring). The sandbox carries the run, trial and task labels
+    (``slr.sandboxing.labels.trial_labels``) plus ``labels``, which cannot override them.
+    Nothing is written here: recording a trial is
     ``slr.rollout.RolloutSession.record``'s job.
     """
     trial_id = trial_id or new_trial_id(task.id)
@@ -150,6 +160,7 @@ async def run_trial(
         labels=trial_labels(run_id=run_id, trial_id=trial_id, task_id=task.id, extra=labels),
         agent_timeout_s=agent_timeout_s,
         agent_timeout_multiplier=agent_timeout_multiplier,
+        capture_diff=capture_diff,
     )
     with slr_log.bound(trial_id=trial.trial_id, task_id=task.id):
         result = await trial.run()
@@ -211,6 +222,7 @@ class _Trial:
     labels: dict[str, str]
     agent_timeout_s: float | None
     agent_timeout_multiplier: float
+    capture_diff: bool
 
     def __init__(self, **kw: Any) -> None:
         self.__dict__.update(kw)
@@ -226,6 +238,7 @@ class _Trial:
         self.agent_version: str | None = None
         self.meter = CostMeter(lambda: sandbox_cpu_s(self.sandbox) if self.sandbox else None)
         self.clock: ModelClock | None = None
+        self.diff: str | None = None
 
     def _result(
         self,
@@ -245,6 +258,7 @@ class _Trial:
             timings=dict(self.timings),
             trajectory=self.trajectory,
             logs=dict(self.logs),
+            diff=self.diff,
         )
 
     @contextlib.asynccontextmanager
@@ -356,6 +370,8 @@ class _Trial:
         async with self._timed("verifier"):
             # Nothing the agent started may outlive its phase (tampering with the tests).
             await self._guard(sandbox.end_processes(), "ending the agent's processes")
+            if self.capture_diff:
+                await self._guard(self._capture_diff(), "capturing the agent's diff")
             if self.git_backup is not None and task.restore_git_history:
                 await self._guard(self._restore_git(), "restoring the git history")
             await self._guard(sandbox.set_network(task.verifier.network), "setting the network")
@@ -411,6 +427,16 @@ class _Trial:
             raise SandboxError(f"git squash in {top} failed: {squash.stderr.strip()[-500:]}")
         self.git_backup, self.git_top = backup, top
 
+    async def _capture_diff(self) -> None:
+        sandbox = self.sandbox
+        assert sandbox is not None
+        # A throw-away index, so the repository's own index is what the agent left.
+        res = await sandbox.exec(["sh", "-c", _DIFF, "diff", self.git_top or ""], user="root")
+        if res.ok:
+            self.diff = res.stdout
+        else:  # the reward still counts; only the diff is missing, and the log says why
+            self.logs["capture_diff"] = f"git diff failed: {res.stderr.strip()[-2000:]}"
+
     async def _restore_git(self) -> None:
         sandbox, top = self.sandbox, self.git_top
         assert sandbox is not None and top is not None and self.git_backup is not None
@@ -451,6 +477,21 @@ class _Trial:
         await asyncio.shield(asyncio.ensure_future(cleanup()))
         self.timings["cleanup_s"] = round(time.monotonic() - start, 4)
 
+
+# The working repository's change since HEAD, untracked files included; nothing if none.
+_DIFF = r"""
+top=${1:-$(git -c safe.directory='*' rev-parse --show-toplevel 2>/dev/null)} || exit 0
+[ -n "$top" ] || exit 0
+cd "$top" || exit 0
+git -c safe.directory='*' rev-parse -q --verify HEAD >/dev/null || exit 0
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+export GIT_INDEX_FILE="$tmp/index"
+git="git -c safe.directory=* -c core.fileMode=true"
+$git read-tree HEAD &&
+  $git add -A -- . ':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.py[co]' &&
+  $git diff --cached --binary --no-color --no-ext-diff HEAD
+"""
 
 # Re-create the repository with the working tree as its only commit, owned as before.
 _SQUASH = r"""

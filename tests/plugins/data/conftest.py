@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import click
+
 OPS_V1 = '''\
 """Small arithmetic helpers."""
 
@@ -128,3 +130,16 @@ import pytest  # noqa: E402
 def calc_repo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("repos") / "calc"
     return root, build_repo(root)
+
+
+@pytest.fixture
+def slr_cli() -> click.Group:
+    """The ``slr`` group as ``slr`` builds it: its own commands plus the plugins' (``data``,
+    ``infer``) from the test's plugin manager, on a copy, so the module-level group stays as
+    it was."""
+    from slr.plugins import get_plugin_manager
+    from slr_cli.main import cli
+
+    group = click.Group("slr", commands=dict(cli.commands))
+    get_plugin_manager().hook.register_commands(cli=group)
+    return group

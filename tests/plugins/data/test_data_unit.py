@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -135,6 +136,24 @@ def test_mutations_change_one_node_and_keep_the_rest():
         assert "# keep me" in m.mutated and m.mutated != src
         compile(m.mutated, "m.py", "exec")
     assert any("(a <= b)" in m.mutated for m in muts)
+
+
+def test_two_mutations_on_one_line_get_two_task_ids():
+    # found on a real repository: two constants on one line wrote one task folder twice
+    src = "def f(x):\n    return x + 1 if x > 0 else 2\n"
+    muts = [m for m in mutations({"m.py": src}) if m.kind == "constant"]
+    assert len(muts) == 3  # 1, 0 and 2
+    assert len({m.name for m in muts}) == 3
+    assert muts[0].name == "m-f-constant-l2"  # the first keeps the short name
+
+
+def test_mutation_ids_make_valid_image_names():
+    # found on real repositories: `pkg/__init__.py` and `_private` functions gave ids with
+    # `-_`, which docker refuses in an image name
+    src = "def _helper(x):\n    return x + 1\n"
+    (mut,) = [m for m in mutations({"pkg/__init__.py": src}) if m.kind == "arith"]
+    assert mut.name == "init-helper-arith-l2"
+    assert re.fullmatch(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*", mut.name.lower())
 
 
 def test_import_cli_from_a_local_clone(tmp_path, calc_repo):

@@ -212,6 +212,9 @@ class TrialResult:
     trajectory: Trajectory | None = None
     logs: dict[str, str] = field(factory=dict)
     costs: TrialCosts | None = None  # absent in records written before cost accounting
+    # the agent's change to the working repository, when the trial was run with
+    # capture_diff (slr infer); None otherwise
+    diff: str | None = None
 
     @property
     def trainable(self) -> bool:

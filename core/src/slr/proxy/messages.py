@@ -70,6 +70,24 @@ class Message:
         calls = tuple((c.name, canonical_json(c.arguments)) for c in self.tool_calls)
         return (self.role, self.content.strip(), calls, self.name if self.role == "tool" else None)
 
+    def as_openai(self) -> dict[str, Any]:
+        """The turn as an OpenAI chat message (what chat-format SFT data holds)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments_json},
+                }
+                for c in self.tool_calls
+            ]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+            if self.name is not None:
+                out["name"] = self.name
+        return out
+
 
 def tools_key(tools: tuple[Tool, ...] | list[Tool]) -> str:
     return canonical_json([[t.name, t.description, t.parameters] for t in tools])

@@ -211,6 +211,8 @@ class Proxy:
                 for s in state.accumulator.segments
             ],
             "calls": state.turns,
+            "messages": [m.as_openai() for m in state.conversation],
+            "tools": [t.as_openai() for t in state.tools],
         }
         atomic_write(path, json.dumps(doc, indent=2, ensure_ascii=False, default=str))
         return path

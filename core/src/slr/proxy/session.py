@@ -88,6 +88,10 @@ class SessionState:
     closed: bool = False
     termination: TerminationReason | None = None
     turns: list[dict[str, Any]] = field(factory=list)
+    # the last call's messages plus the reply it got, and the tools it offered: the
+    # conversation as the agent last saw it (after any history rewrite)
+    conversation: tuple[Message, ...] = ()
+    tools: tuple[Tool, ...] = ()
     clock: ModelClock = field(factory=ModelClock)  # first call, time waiting on the engine
 
     def trajectory(self) -> Trajectory:
@@ -267,6 +271,7 @@ class Completer:
         if state.closed:  # closed while generating: answer, but the trajectory is final
             return result
         seg = state.accumulator.commit(prepared, gen, reply)
+        state.conversation, state.tools = (*req.messages, reply), req.tools
         versions = sorted(set(gen.weights_versions))
         state.turns.append(
             {

@@ -8,5 +8,7 @@ import slr
 @slr.hookimpl
 def register_commands(cli):
     from slr_data.commands import data
+    from slr_data.infer_cmd import infer
 
     cli.add_command(data)
+    cli.add_command(infer)

@@ -21,10 +21,17 @@ VALIDATION = "validation.json"
 
 
 def classify(oracle: list[Any], nop: list[Any]) -> tuple[str, str]:
-    """``ok`` / ``flaky`` / ``broken`` / ``fail`` for one task's oracle and nop trials, and why."""
-    broken = [r for r in oracle + nop if str(r.termination) == "broken_task"]
+    """``ok`` / ``flaky`` / ``broken`` / ``error`` / ``fail`` for one task's oracle and nop
+    trials, and why."""
+    trials = oracle + nop
+    broken = [r for r in trials if str(r.termination) == "broken_task"]
     if broken:
         return "broken", (broken[0].error or "the image does not build")[-2000:]
+    # each distinct error once: every repeat of a task tends to fail the same way
+    errors = "; ".join(dict.fromkeys(r.error for r in trials if r.error))
+    if all(r.reward is None and r.termination.is_infrastructure_failure for r in trials):
+        ends = ", ".join(sorted({str(r.termination) for r in trials}))
+        return "error", f"no trial reached the verifier ({ends}): {errors[:1500]}"
     o = [r.reward.value if r.reward is not None else None for r in oracle]
     n = [r.reward.value if r.reward is not None else None for r in nop]
     if all(v == 1.0 for v in o) and all(v == 0.0 for v in n):
@@ -33,7 +40,6 @@ def classify(oracle: list[Any], nop: list[Any]) -> tuple[str, str]:
         return "flaky", f"oracle rewards {o}"
     if any(v == 0.0 for v in n) and any(v != 0.0 for v in n):
         return "flaky", f"nop rewards {n}"
-    errors = "; ".join(r.error for r in oracle + nop if r.error)
     return "fail", f"oracle {o}, nop {n}" + (f": {errors[:500]}" if errors else "")
 
 
@@ -51,9 +57,17 @@ def classify(oracle: list[Any], nop: list[Any]) -> tuple[str, str]:
     help=f"Write the verdicts here (default: {VALIDATION} beside the tasks).",
 )
 def validate(paths, repeats, backend, backend_opts, verifier, concurrency, output) -> None:
-    """Oracle must score 1 and nop 0, every one of -n times (else: flaky, fail or broken).
+    """Oracle must score 1 and nop 0, every one of -n times (else: flaky, fail, broken, error).
 
-    Exits 1 when any task is not ok. Broken builds are named with their build log.
+    \b
+    ok      oracle 1 and nop 0 every time
+    flaky   the oracle's (or nop's) rewards differ between repeats
+    fail    oracle below 1 or nop above 0, every time
+    broken  the image does not build (the build log is the reason)
+    error   no trial reached the verifier (sandbox or verifier errors): re-run, or try
+            another backend
+
+    Exits 1 when any task is not ok.
     """
     from slr_cli.check_tasks_cmd import _run_all, make_plugin
 

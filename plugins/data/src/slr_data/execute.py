@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,18 @@ class TestProbe:
     def workdir(self) -> str:
         return self.task.environment.workdir or "/testbed"
 
+    async def _exec(self, command: str, *, what: str) -> Any:
+        try:
+            return await self.sandbox.exec(
+                command, user="root", cwd=self.workdir, timeout_s=self.timeout_s
+            )
+        except SandboxError:
+            raise
+        except Exception as exc:  # a backend's own bug: this candidate fails, not the command
+            raise SandboxError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
     async def sh(self, command: str, *, what: str) -> str:
-        res = await self.sandbox.exec(
-            command, user="root", cwd=self.workdir, timeout_s=self.timeout_s
-        )
+        res = await self._exec(command, what=what)
         if not res.ok:
             raise SandboxError(
                 f"{what} failed (exit {res.exit_code}): {(res.stderr or res.stdout)[-800:]}"
@@ -84,9 +93,16 @@ class TestProbe:
         if files:
             args += ["--files", *files]
         cmd = " ".join(shlex.quote(a) for a in args)
-        await self.sandbox.exec(cmd, user="root", cwd=self.workdir, timeout_s=self.timeout_s)
-        out = await self.sh(f"cat {REPORT}", what="reading the test report")
-        report = json.loads(out)
+        await self._exec(cmd, what="running the tests")
+        # copied out as a file: a report of thousands of tests is too big to trust to a
+        # command's output stream
+        with tempfile.TemporaryDirectory(prefix="slr-report-") as tmp:
+            local = Path(tmp) / "report.json"
+            try:
+                await self.sandbox.download(REPORT, local)
+                report = json.loads(local.read_text())
+            except (OSError, ValueError) as exc:
+                raise SandboxError(f"reading the test report failed: {exc}") from exc
         if not report.get("applied", True):
             raise SandboxError("the test patch does not apply at the base commit")
         return dict(report["outcomes"])

@@ -61,11 +61,18 @@ class Mutation:
     line: int
     original: str
     mutated: str
+    column: int = 0
 
     @property
     def name(self) -> str:
-        stem = self.path.rsplit("/", 1)[-1].removesuffix(".py")
-        return f"{stem}-{self.function}-{self.kind}-l{self.line}"
+        """``<module>-<function>-<kind>-l<line>``, plus ``c<column>`` past the first node of
+        that kind on the line, so two mutations never share a task id. Underscores at the
+        ends of names are dropped (``__init__`` is ``init``): image names may not put ``_``
+        next to ``-``."""
+        stem = self.path.rsplit("/", 1)[-1].removesuffix(".py").strip("_") or "module"
+        function = self.function.strip("_") or "function"
+        col = f"c{self.column}" if self.column else ""
+        return f"{stem}-{function}-{self.kind}-l{self.line}{col}"
 
 
 def _mutate(node: ast.AST, kind: str) -> ast.expr | None:
@@ -118,6 +125,7 @@ def mutations(repo_files: dict[str, str]) -> Iterator[Mutation]:
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             seen: set[tuple[str, int, int]] = set()
+            first_col: dict[tuple[str, int], int] = {}
             sites: list[tuple[str, Any]] = [("condition", c) for c in _conditions(fn)]
             sites += [(k, n) for n in ast.walk(fn) for k in KINDS if k != "condition"]
             for kind, node in sites:
@@ -131,13 +139,16 @@ def mutations(repo_files: dict[str, str]) -> Iterator[Mutation]:
                 seen.add(key)
                 mutated = _replace(source, node, f"({ast.unparse(new)})")
                 if mutated != source:
+                    line, col = key[1], key[2]
+                    first = first_col.setdefault((kind, line), col)
                     yield Mutation(
                         path=path,
                         function=fn.name,
                         kind=kind,
-                        line=node.lineno,  # type: ignore[attr-defined]
+                        line=line,
                         original=source,
                         mutated=mutated,
+                        column=0 if col == first else col + 1,
                     )
 
 
@@ -203,7 +214,13 @@ async def synth(
         await backend.prepare(probe_task)
         async with TestProbe(backend, probe_task) as probe:
             baseline = await probe.run(reset=False)
-            passing = {t for t, s in baseline.items() if s == "passed"}
+            # Only tests in test files are graded: the verifier resets the graded files to
+            # the image's commit, which for a doctest in a source module would undo the fix.
+            passing = {
+                t
+                for t, s in baseline.items()
+                if s == "passed" and is_test_path(t.split("::", 1)[0])
+            }
             if not passing:
                 raise SandboxError(f"{repo}: no test passes at {commit[:10]}; nothing to break")
             kept = 0
@@ -211,14 +228,25 @@ async def synth(
                 if kept >= max_tasks:
                     break
                 started = time.monotonic()
-                await probe.write(mut.path, mut.mutated, Path(tmp))
+                tid = f"{name}-{mut.name}"
                 try:
-                    now = await probe.run(reset=False)
-                finally:
-                    await probe.write(mut.path, mut.original, Path(tmp))
+                    await probe.write(mut.path, mut.mutated, Path(tmp))
+                    try:
+                        now = await probe.run(reset=False)
+                    finally:
+                        await probe.write(mut.path, mut.original, Path(tmp))
+                except SandboxError as exc:
+                    results.append(
+                        Outcome(
+                            name=tid,
+                            reason=f"could not run the tests: {str(exc)[:300]}",
+                            seconds=time.monotonic() - started,
+                        )
+                    )
+                    progress(results[-1])
+                    continue
                 f2p = sorted(t for t in passing if now.get(t) != "passed")
                 p2p = sorted(t for t in passing if now.get(t) == "passed")
-                tid = f"{name}-{mut.name}"
                 if not f2p:
                     results.append(
                         Outcome(
