@@ -278,6 +278,19 @@ class ProxySection:
     max_body_bytes: int = option(
         8 * 1024 * 1024, doc="Largest request body accepted.", validator=validators.ge(1024)
     )
+    header_timeout_s: float = option(
+        10.0,
+        doc="A request's line and headers must arrive within this many seconds of its first "
+        "byte (or of the connection opening); a client that trickles them is answered 408 and "
+        "cut off.",
+        validator=validators.gt(0),
+    )
+    body_timeout_s: float = option(
+        60.0,
+        doc="A request's whole body must arrive within this many seconds of its headers; a "
+        "slower client is answered 408 and cut off.",
+        validator=validators.gt(0),
+    )
     client_sampling: Literal["ignore", "honor"] = option(
         "ignore",
         doc="What to do with the temperature / top_p / top_k an agent sends. 'ignore': sample "

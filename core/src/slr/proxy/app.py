@@ -1,21 +1,39 @@
-"""The proxy's HTTP routes (litestar): both APIs per session, errors in each API's shape."""
+"""The proxy's HTTP routes (litestar): both APIs per session, errors in each API's shape.
+
+A client that goes away must not keep the engine busy: a streamed answer stops when its
+connection closes (the stream's own disconnect listener), and every other call races its
+work against the connection's ``http.disconnect`` so that a client that gave up, or a
+scaffold killed at its timeout, cancels its generation at once instead of when it ends.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
 from litestar import Litestar, Request, Response, get, head, post
-from litestar.exceptions import HTTPException
+from litestar.exceptions import HTTPException, InternalServerException
 from litestar.response import Stream
 
 from slr.proxy import anthropic, openai, sse
-from slr.proxy.errors import Api, ApiError, error_body, status_kind
+from slr.proxy.errors import CLOSES_CONNECTION, Api, ApiError, error_body, status_kind
 from slr.proxy.session import Completer, SessionTable
 
 log = structlog.get_logger()
+
+_T = TypeVar("_T")
+
+#: The status a call gets when its client left before the answer (nobody reads it; the
+#: number is the one proxies conventionally log for it).
+CLIENT_GONE = 499
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready; its work was cancelled."""
 
 
 def _api_of(request: Request) -> Api:
@@ -38,28 +56,81 @@ def _token(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(content=sse.json_bytes(data), status_code=status, media_type="application/json")
+def _json(data: Any, status: int = 200, *, close: bool = False) -> Response:
+    # An answer sent before the body was read whole ends the connection: what the client
+    # still sends cannot be told from a next request.
+    headers = {"connection": "close"} if close else None
+    return Response(
+        content=sse.json_bytes(data),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def _error_response(request: Request, exc: Exception) -> Response:
     api = _api_of(request)
+    if isinstance(exc, RecursionError):  # only input nests without bound: a bad request
+        exc = _too_deep()
+    if isinstance(exc, ClientGone):
+        return _json(error_body(api, "invalid_request", str(exc)), CLIENT_GONE, close=True)
     if isinstance(exc, ApiError):
-        return _json(exc.body(api), exc.status)
+        return _json(exc.body(api), exc.status, close=exc.kind in CLOSES_CONNECTION)
     if isinstance(exc, HTTPException):
         kind = status_kind(exc.status_code)
         detail = exc.detail if exc.status_code != 404 else f"no route for {request.url.path}"
         status = 400 if kind == "invalid_request" else exc.status_code
-        return _json(error_body(api, kind, str(detail)), status)
+        return _json(error_body(api, kind, str(detail)), status, close=kind in CLOSES_CONNECTION)
     log.exception("proxy.internal_error", path=request.url.path)
     return _json(error_body(api, "internal", f"internal proxy error: {exc!r}"), 500)
 
 
-async def _decode(request: Request, schema: type, limit: int):
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone. Only after the body was read: from then on the
+    server's next message is ``http.disconnect``."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _while_connected(request: Request, work: Awaitable[_T]) -> _T:
+    """``work``'s result, or ``ClientGone`` once ``work`` was cancelled because the client
+    disconnected first (the cancellation reaches the engine before this returns)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        gone.cancel()
+    # let the cancellation reach the engine (or the work finish) before answering
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait({task})
+    if not task.cancelled():
+        return task.result()
+    log.info("proxy.client_gone", path=request.url.path)
+    raise ClientGone("the client disconnected before its answer was ready; generation stopped")
+
+
+async def _body(request: Request, timeout: float) -> bytes:
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.body()
+    except TimeoutError:
+        raise ApiError(
+            "request_timeout",
+            f"the request body did not arrive within {timeout:g}s ([proxy] body_timeout_s); "
+            "send it whole, at once",
+        ) from None
+    except InternalServerException as exc:  # litestar's "client disconnected prematurely"
+        raise ClientGone(str(exc.detail)) from None
+
+
+async def _decode(request: Request, schema: type, limit: int, timeout: float):
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > limit:
         raise ApiError("request_too_large", f"request body is {length} bytes; the limit is {limit}")
-    body = await request.body()
+    body = await _body(request, timeout)
     if len(body) > limit:
         raise ApiError(
             "request_too_large", f"request body is {len(body)} bytes; the limit is {limit}"
@@ -70,6 +141,14 @@ async def _decode(request: Request, schema: type, limit: int):
         raise ApiError("invalid_request", f"invalid request body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ApiError("invalid_request", f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> ApiError:
+    return ApiError(
+        "invalid_request", "request body nests JSON too deeply; no API message needs that"
+    )
 
 
 def build_app(
@@ -78,13 +157,15 @@ def build_app(
     completer: Completer,
     model_names: Sequence[str],
     max_body_bytes: int,
+    body_timeout_s: float = 60.0,
 ) -> Litestar:
     """The routes over ``sessions`` (token -> session) and ``completer`` (one model call).
 
     ``model_names`` are the names a request may ask for (empty: any); request bodies above
-    ``max_body_bytes`` are refused.
+    ``max_body_bytes``, or slower to arrive than ``body_timeout_s``, are refused.
     """
     limit = max_body_bytes
+    body_timeout = body_timeout_s
     names = tuple(model_names)
 
     def check_model(model: str) -> None:
@@ -126,16 +207,20 @@ def build_app(
     async def complete(request: Request, api: Any, request_cls: type) -> Response:
         """One model call in either API: the two differ only in their wire format."""
         state = sessions.lookup(_token(request))
-        body = await _decode(request, request_cls, limit)
+        body = await _decode(request, request_cls, limit, body_timeout)
         check_model(body.model)
         chat = api.to_chat_request(body)
         if body.stream and api.streams_live(body):
             events = completer.stream(state, chat)
             # Errors before the first token (a bad request, an engine that is down) are
             # plain error responses; the stream starts once the engine has a token.
-            first = await anext(events)
+            try:
+                first = await _while_connected(request, anext(events))
+            except ClientGone:
+                await events.aclose()  # type: ignore[attr-defined]
+                raise
             return _sse(_guarded(api.stream_live(body, _prepend(first, events)), request))
-        result = await completer.complete(state, chat)
+        result = await _while_connected(request, completer.complete(state, chat))
         if body.stream:
             return _sse(api.stream(body, result))
         return _json(api.response(body, result))
@@ -158,7 +243,7 @@ def build_app(
     @post(["/v1/messages/count_tokens", "/s/{token:str}/v1/messages/count_tokens"], status_code=200)
     async def count_tokens(request: Request) -> Response:
         state = sessions.lookup(_token(request))
-        body = await _decode(request, anthropic.CountTokensRequest, limit)
+        body = await _decode(request, anthropic.CountTokensRequest, limit, body_timeout)
         check_model(body.model)
         msgs = anthropic.convert_messages(body.messages, body.system)
         n = completer.count(state, msgs, anthropic.convert_tools(body.tools))

@@ -18,6 +18,7 @@ _KINDS: dict[str, tuple[int, str, str]] = {
     "not_found": (404, "invalid_request_error", "not_found_error"),
     "model_not_found": (404, "invalid_request_error", "not_found_error"),
     "method_not_allowed": (405, "invalid_request_error", "invalid_request_error"),
+    "request_timeout": (408, "invalid_request_error", "invalid_request_error"),
     "request_too_large": (413, "invalid_request_error", "request_too_large"),
     "unsupported_media": (415, "invalid_request_error", "invalid_request_error"),
     "engine_unavailable": (503, "server_error", "overloaded_error"),
@@ -29,7 +30,12 @@ _OPENAI_CODES = {
     "authentication": "invalid_api_key",
     "model_not_found": "model_not_found",
     "request_too_large": "request_too_large",
+    "request_timeout": "request_timeout",
 }
+
+#: Kinds answered before the request body was read whole: the connection cannot carry
+#: another request, so the answer closes it.
+CLOSES_CONNECTION = frozenset({"request_too_large", "request_timeout"})
 
 
 class ApiError(Exception):
@@ -71,6 +77,7 @@ def status_kind(status: int) -> str:
         401: "authentication",
         404: "not_found",
         405: "method_not_allowed",
+        408: "request_timeout",
         413: "request_too_large",
         415: "unsupported_media",
     }.get(status, "invalid_request" if 400 <= status < 500 else "internal")

@@ -8,6 +8,10 @@ its own (a CLI, synchronous tests) uses ``ProxyThread``, which runs the proxy, a
 engine's coroutines, on a dedicated loop in a background thread.
 
 Uvicorn's signal handling is switched off: the host process owns SIGINT / SIGTERM.
+
+Slow clients are cut off: a request's line and headers must arrive within
+``header_timeout_s`` of its first byte (uvicorn has no such limit of its own, and its
+keep-alive timer restarts on every byte), its body within ``body_timeout_s`` (``app``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 import socket
 import threading
 from collections.abc import Sequence
@@ -25,6 +28,7 @@ from typing import Any
 import structlog
 import uvicorn
 from attrs import field, frozen
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from slr.config import ProxySection
 from slr.contracts import Endpoint, Engine, SamplingParams, TerminationReason, Trajectory
@@ -32,7 +36,7 @@ from slr.costs import ModelClock
 from slr.proxy.accumulator import Accumulator
 from slr.proxy.app import build_app
 from slr.proxy.render import Renderer
-from slr.proxy.session import Completer, SessionState, SessionTable
+from slr.proxy.session import Completer, SessionState, SessionTable, new_token
 from slr.proxy.toolparse import get_tool_parser
 from slr.runs import atomic_write
 
@@ -77,6 +81,60 @@ class Session:
             port_and_path = rest.split(":", 1)[1]
             url = f"{scheme}://{host}:{port_and_path}"
         return Endpoint(base_url=url, api_key=self.token, model=model)
+
+
+_REQUEST_TIMEOUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+
+
+class _HeaderTimeoutProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, plus a deadline for each request's line and headers.
+
+    The clock starts when a connection opens and when the first byte of a next request
+    arrives; a request whose headers are not complete by then gets a bare 408 and the
+    connection is closed. Nothing is handed to the app, so no session ever sees it.
+    """
+
+    header_timeout: float = 10.0
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._arm()
+        super().data_received(data)
+        if self._header_timer is not None and self.cycle is not self._armed_for:
+            self._disarm()  # the request's headers are in: the app has it now
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._armed_for = self.cycle
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.cycle is not self._armed_for or self.transport.is_closing():
+            return
+        text = f"request headers did not arrive within {self.header_timeout:g}s\n".encode()
+        self.transport.write(_REQUEST_TIMEOUT % (len(text), text))
+        self.transport.close()
+
+
+def _protocol(header_timeout: float) -> type[H11Protocol]:
+    return type("ProxyHttpProtocol", (_HeaderTimeoutProtocol,), {"header_timeout": header_timeout})
 
 
 class _Server(uvicorn.Server):
@@ -126,6 +184,7 @@ class Proxy:
             completer=self.completer,
             model_names=self.model_names,
             max_body_bytes=self.config.max_body_bytes,
+            body_timeout_s=self.config.body_timeout_s,
         )
         self.host = self.config.host
         self.port: int | None = None
@@ -151,7 +210,12 @@ class Proxy:
         sock.bind((self.host, self.config.port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=30,
+            http=_protocol(self.config.header_timeout_s),
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
@@ -180,7 +244,7 @@ class Proxy:
     # -- sessions ---------------------------------------------------------------------------
 
     def open_session(self, trial_id: str) -> Session:
-        token = "slr-" + secrets.token_urlsafe(18)
+        token = new_token()
         acc = Accumulator(self.renderer, on_rewrite=self.config.on_history_rewrite)
         state = SessionState(trial_id=trial_id, token=token, accumulator=acc)
         self.sessions.add(state)
@@ -189,13 +253,15 @@ class Proxy:
         )
 
     def close_session(self, session: Session) -> Trajectory:
-        """End the session (later calls are refused) and return what it recorded."""
+        """End the session and return what it recorded. Its token is dead from now on:
+        later calls are refused, and calls in flight are cancelled (their generation stops
+        at the engine's next token) and not recorded."""
         state = self.sessions.pop(session.token) or session._state
-        state.closed = True
+        state.close()
         # An engine that pins sessions (the load balancer) lets go of this one.
         forget = getattr(self.engine, "forget", None)
         if callable(forget):
-            forget(state.token)
+            forget(state.engine_id)
         return state.trajectory()
 
     def write_transcript(self, session: Session, folder: Path) -> Path:

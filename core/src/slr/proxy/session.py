@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 import structlog
 from attrs import define, evolve, field, frozen
@@ -78,14 +82,26 @@ class TextDelta:
 
 StreamEvent = Started | TextDelta | ChatResult
 
+_T = TypeVar("_T")
+
+
+def new_token() -> str:
+    """A session token: 256 random bits (``secrets``), URL-safe, so it can sit in a path."""
+    return "slr-" + secrets.token_urlsafe(32)
+
 
 @define
 class SessionState:
     trial_id: str
-    token: str
+    token: str  # the secret: the session's URL part and API key; never logged, never sent on
     accumulator: Accumulator
     lock: asyncio.Lock = field(factory=asyncio.Lock)
     closed: bool = False
+    # what the engine (and a load balancer's pins, its logs) knows the session by: not the
+    # token, which must not travel further than the proxy
+    engine_id: str = field(factory=lambda: "sess-" + secrets.token_hex(8))
+    # cancels the calls in flight when the session closes (see ``close``)
+    _on_close: set[Callable[[], None]] = field(factory=set, repr=False)
     termination: TerminationReason | None = None
     turns: list[dict[str, Any]] = field(factory=list)
     # the last call's messages plus the reply it got, and the tools it offered: the
@@ -93,6 +109,36 @@ class SessionState:
     conversation: tuple[Message, ...] = ()
     tools: tuple[Tool, ...] = ()
     clock: ModelClock = field(factory=ModelClock)  # first call, time waiting on the engine
+
+    def close(self) -> None:
+        """Refuse every later call and cancel the ones in flight: their client, or the
+        trial that ran it, has given up (an agent timeout), and the engine capacity they
+        hold belongs to live trials. Safe from any thread."""
+        self.closed = True
+        for cancel in list(self._on_close):
+            cancel()
+
+    async def until_closed(self, work: Awaitable[_T]) -> _T:
+        """Await ``work``; if the session closes meanwhile, cancel it and refuse the call."""
+        task = asyncio.ensure_future(work)
+        loop = asyncio.get_running_loop()
+
+        def cancel() -> None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop is gone, and the task with it
+                pass
+
+        self._on_close.add(cancel)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and self.closed and not (current and current.cancelling()):
+                raise _closed_while_generating() from None
+            raise
+        finally:
+            self._on_close.discard(cancel)
 
     def trajectory(self) -> Trajectory:
         return Trajectory(
@@ -102,31 +148,68 @@ class SessionState:
         )
 
 
-class SessionTable:
-    """The open sessions by token: the one place a request's token becomes its session."""
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
-    def __init__(self) -> None:
-        self._by_token: dict[str, SessionState] = {}
+
+class SessionTable:
+    """The open sessions by token: the one place a request's token becomes its session.
+
+    A token matches only itself, byte for byte: no prefix, case or normalisation games.
+    Sessions are found by a digest of the token, so how long a dictionary probe takes says
+    nothing about how much of a guess was right, and the match is confirmed with
+    ``hmac.compare_digest``. A closed session's token is dead for good: the table keeps the
+    digests of the last ``remember_closed`` closed tokens so that a late call gets a clear
+    "this session is closed" instead of "unknown token".
+    """
+
+    def __init__(self, *, remember_closed: int = 65536) -> None:
+        self._by_digest: dict[bytes, SessionState] = {}
+        self._closed: OrderedDict[bytes, None] = OrderedDict()
+        self._remember_closed = remember_closed
 
     def __len__(self) -> int:
-        return len(self._by_token)
+        return len(self._by_digest)
 
     def add(self, state: SessionState) -> None:
-        self._by_token[state.token] = state
+        key = _digest(state.token)
+        if key in self._by_digest or key in self._closed:
+            raise ValueError("session token already in use; tokens come from new_token()")
+        self._by_digest[key] = state
 
     def pop(self, token: str) -> SessionState | None:
-        return self._by_token.pop(token, None)
+        key = _digest(token)
+        state = self._by_digest.pop(key, None)
+        if state is not None:
+            self._closed[key] = None
+            while len(self._closed) > self._remember_closed:
+                self._closed.popitem(last=False)
+        return state
 
     def lookup(self, token: str | None) -> SessionState:
         """The open session of ``token``; an authentication error in the caller's API if none."""
-        state = self._by_token.get(token or "")
-        if state is None or state.closed:
+        if not token:
             raise ApiError(
                 "authentication",
-                "no open session for this token: use the base URL or API key from "
-                "open_session(); the session may have been closed",
+                "no session token: call the base URL from open_session() "
+                "(http://host:port/s/<token>/...) or send the token as the API key",
             )
-        return state
+        key = _digest(token)
+        state = self._by_digest.get(key)
+        if state is not None and hmac.compare_digest(_digest(state.token), key):
+            if not state.closed:
+                return state
+        elif key not in self._closed:
+            raise ApiError(
+                "authentication",
+                "no session has this token: use the base URL or API key that open_session() "
+                "gave this trial",
+            )
+        raise ApiError(
+            "authentication",
+            "this session is closed (its trial's agent phase has ended); nothing more is "
+            "recorded for it: open a new session",
+        )
 
 
 class Completer:
@@ -162,8 +245,8 @@ class Completer:
             prepared, sampling = self._prepare(state, req)
             waiting = state.clock.engine_started()
             try:
-                gen = await self.engine.generate(
-                    prepared.prompt_ids, sampling, session_id=state.token
+                gen = await state.until_closed(
+                    self.engine.generate(prepared.prompt_ids, sampling, session_id=state.engine_id)
                 )
             except ContextOverflow:
                 raise self._overflow(state, len(prepared.prompt_ids)) from None
@@ -194,7 +277,7 @@ class Completer:
             )
             visible = _Visible(self.renderer, req.stop, marker, special=self.special_tokens)
             collector = ChunkCollector()
-            chunks = self.engine.stream(prepared.prompt_ids, sampling, session_id=state.token)
+            chunks = self.engine.stream(prepared.prompt_ids, sampling, session_id=state.engine_id)
             shown = ""
             complete = False
             # the whole stream counts as waiting on the engine: between chunks the proxy
@@ -206,6 +289,8 @@ class Completer:
                         yield Started(
                             prompt_tokens=n_prompt, reused_tokens=n_prompt - len(prepared.new_ids)
                         )
+                    if state.closed:  # within one token of the close: the engine stops
+                        raise _closed_while_generating()
                     collector.add(chunk)
                     if chunk.finish_reason is not None:
                         complete = True
@@ -237,7 +322,9 @@ class Completer:
 
     def _prepare(self, state: SessionState, req: ChatRequest) -> tuple[Prepared, SamplingParams]:
         if state.closed:
-            raise ApiError("authentication", f"session {state.token!r} is closed")
+            raise ApiError(
+                "authentication", "this session is closed; nothing more is recorded for it"
+            )
         prepared = state.accumulator.prepare(req.messages, req.tools)
         n_prompt = len(prepared.prompt_ids)
         room = self.engine.max_context - n_prompt
@@ -352,6 +439,14 @@ class Completer:
             completion_tokens=len(ids),
             tokens=tokens,
         )
+
+
+def _closed_while_generating() -> ApiError:
+    return ApiError(
+        "authentication",
+        "the session was closed while this call was generating (its trial ended); the "
+        "generation was cancelled and nothing of this call was recorded",
+    )
 
 
 def _unavailable(exc: EngineUnavailable) -> ApiError:
