@@ -324,10 +324,11 @@ def test_closing_a_proxy_session_unpins_it_from_the_balancer(replicas):
     async def run():
         async with Proxy(lb, ProxySection(), sampling=SamplingParams(max_tokens=2)) as proxy:
             session = proxy.open_session("forget-me")
-            await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id=session.token)
-            pinned = lb.replica_of(session.token)
+            sid = session.engine_id  # the engine never sees the session's secret token
+            await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id=sid)
+            pinned = lb.replica_of(sid)
             proxy.close_session(session)
-            return session.token, pinned
+            return sid, pinned
 
     token, pinned = asyncio.run(run())
     assert pinned is not None and lb.replica_of(token) is None

@@ -48,7 +48,7 @@ def test_sessions_get_distinct_unguessable_tokens(proxy):
         assert len(tokens) == 20
         assert all(len(t) >= len("slr-") + 22 for t in tokens)  # >= 128 bits, base64
         # the engine knows a session by another name: the secret goes no further
-        assert all(s._state.engine_id not in tokens for s in sessions)
+        assert all(s.engine_id not in tokens for s in sessions)
     finally:
         for s in sessions:
             proxy.close_session(s)

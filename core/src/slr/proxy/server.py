@@ -64,6 +64,11 @@ class Session:
         return self.base_url
 
     @property
+    def engine_id(self) -> str:
+        """What the engine knows this session by (its ``session_id``): not the token."""
+        return self._state.engine_id
+
+    @property
     def clock(self) -> ModelClock:
         """The session's model time (``slr.costs``): first call, time waiting on the engine."""
         return self._state.clock
