@@ -480,8 +480,13 @@ def main() -> None:
     args = ap.parse_args()
 
     import asyncio
+    import sys
 
     import torch
+
+    from slr.log import configure
+
+    configure(level="warning", stream=sys.stderr)  # stdout is the figures
     from slr_engine_hf.engine import HfEngine
     from slr_engine_hf.tiny import tiny_model, tokenizer
 
