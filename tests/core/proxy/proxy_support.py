@@ -59,7 +59,7 @@ class RecordingEngine:
                 yield chunk
 
     def of(self, session) -> list[tuple[tuple[int, ...], Generation]]:
-        return [(p, g) for s, p, g in self.calls if s == session.token]
+        return [(p, g) for s, p, g in self.calls if s == session.engine_id]
 
     async def update_weights(self, state_dict, *, version=None, mode="drain"):
         return await self.engine.update_weights(state_dict, version=version, mode=mode)

@@ -157,7 +157,7 @@ def test_sdk_errors_are_typed(proxy, session):
             messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}],
         )
     proxy.close_session(session)
-    with pytest.raises(anthropic.AuthenticationError, match="no open session"):
+    with pytest.raises(anthropic.AuthenticationError, match="this session is closed"):
         c.messages.create(model="policy", max_tokens=4, messages=[{"role": "user", "content": "x"}])
 
 

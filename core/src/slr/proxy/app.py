@@ -9,7 +9,6 @@ scaffold killed at its timeout, cancels its generation at once instead of when i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -104,8 +103,7 @@ async def _while_connected(request: Request, work: Awaitable[_T]) -> _T:
             task.cancel()
         gone.cancel()
     # let the cancellation reach the engine (or the work finish) before answering
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait({task})
+    await asyncio.wait({task})
     if not task.cancelled():
         return task.result()
     log.info("proxy.client_gone", path=request.url.path)
