@@ -168,15 +168,14 @@ def chat(client, messages) -> None:
     messages.append(r.choices[0].message.model_dump(exclude_none=True))
 
 
-def segment_of_each_call(traj, calls) -> list[int]:
-    """Which segment holds each engine call: its prompt and generation, at their place."""
+def segment_of_each_call(traj, calls) -> list:
+    """Which segment holds each engine call (its prompt and generation, at their place);
+    a tuple of indices where several do, None where none does."""
     found = []
     for prompt, gen in calls:
         whole = (*prompt, *gen.token_ids)
-        (i,) = [i for i, s in enumerate(traj.segments) if s.token_ids[: len(whole)] == whole] or [
-            None
-        ]
-        found.append(i)
+        hits = [i for i, s in enumerate(traj.segments) if s.token_ids[: len(whole)] == whole]
+        found.append(hits[0] if len(hits) == 1 else tuple(hits) or None)
     return found
 
 
@@ -216,16 +215,20 @@ def test_compaction_starts_a_child_segment_at_the_branch_point(small_proxy):
     for i in range(3):
         messages.append({"role": "user", "content": f"step {i}"})
         chat(client, messages)
+        if i == 0:  # a side request between two main calls, as OpenCode's title request
+            chat(client, [{"role": "system", "content": "Title:"}, messages[1]])
     compacted = [messages[0], {"role": "user", "content": "Summary: three steps done."}]
     chat(client, compacted)
     compacted.append({"role": "user", "content": "next"})
     chat(client, compacted)
     calls = engine.of(session)
     traj = proxy.close_session(session)
-    assert segment_of_each_call(traj, calls) == [0, 0, 0, 1, 1]
-    parent, child = traj.segments
+    assert segment_of_each_call(traj, calls) == [0, 1, 0, 0, 2, 2]
+    parent, title, child = traj.segments
+    assert (title.parent, title.branch) == (0, "fork")
     assert (child.parent, child.branch) == (0, "rewrite")
-    assert (traj.num_branches, traj.num_rewrites, traj.num_forks) == (1, 1, 0)
+    assert (traj.num_branches, traj.num_rewrites, traj.num_forks) == (2, 1, 1)
+    assert child.branch_at > title.branch_at
     at = child.branch_at
     assert at == common_prefix(parent.token_ids, child.token_ids)
     assert child.token_ids[:at] == parent.token_ids[:at]
@@ -234,8 +237,8 @@ def test_compaction_starts_a_child_segment_at_the_branch_point(small_proxy):
     assert tok.decode(child.token_ids[:at]).startswith(
         "<|im_start|>system\nYou are a careful coding agent.<|im_end|>\n<|im_start|>user\n"
     )
-    for k, seg in enumerate(traj.segments):
-        gens = [g for _, g in (calls[:3], calls[3:])[k]]
+    for seg, k in ((parent, [0, 2, 3]), (title, [1]), (child, [4, 5])):
+        gens = [calls[i][1] for i in k]
         assert policy(seg) == (
             [t for g in gens for t in g.token_ids],
             [lp for g in gens for lp in g.logprobs],
