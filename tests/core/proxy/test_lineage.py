@@ -16,7 +16,7 @@ from slr.config import ProxySection
 from slr.contracts import Generation, SamplingParams, Segment, Trajectory, TrialResult
 from slr.contracts.serialize import from_dict, to_dict
 from slr.proxy import Proxy, ProxyThread
-from slr.proxy.accumulator import Accumulator
+from slr.proxy.accumulator import Accumulator, common_prefix_length
 from slr.proxy.messages import Message, ToolCall
 from slr.proxy.render import Renderer
 from slr.proxy.toolparse import HermesParser
@@ -110,6 +110,28 @@ def test_rendered_prompt_that_starts_with_a_segment_extends_it(renderer, smol_to
     assert prep.mode == "extend" and prep.segment is recorded
     assert prep.prompt_ids[: len(recorded.ids)] == tuple(recorded.ids)
     assert len(prep.new_ids) == len(prep.prompt_ids) - len(recorded.ids)
+
+
+def test_recompute_branches_at_least_after_the_reused_ids(renderer, smol_tokenizer):
+    acc = Accumulator(renderer, on_rewrite="recompute")
+    convo = Convo(acc, smol_tokenizer, Message(role="system", content="S"))
+    convo.say("Task", "Looking.")
+    convo.say("old reminder", "Done.")
+    dropped = Convo(acc, smol_tokenizer, *convo.messages[:3])
+    prep, seg = dropped.say("new reminder", "Yes.")
+    first = acc.segments[0]
+    reused = first.boundaries[0][1]
+    assert prep.mode == "reuse" and seg.parent is first
+    assert seg.branch_at == common_prefix(first.ids, seg.ids) >= reused
+
+
+@pytest.mark.parametrize("block", [1, 3, 1024])
+def test_common_prefix_across_block_edges(block):
+    a = list(range(10))
+    for n in range(11):
+        b = (*a[:n], -1, *a[n + 1 :]) if n < 10 else tuple(a)
+        assert common_prefix_length(a, b, block) == common_prefix(a, b) == n
+    assert common_prefix_length(a, a[:4], block) == 4 and common_prefix_length([], a, block) == 0
 
 
 def test_records_without_lineage_still_load_and_bad_lineage_is_refused():

@@ -148,7 +148,7 @@ class Accumulator:
         best: SegmentState | None = None
         best_n = 0
         for seg in self.segments:
-            n = _common_prefix(seg.ids, prepared.prompt_ids)
+            n = common_prefix_length(seg.ids, prepared.prompt_ids)
             # ties go to the segment used most recently: the conversation the agent was in
             if n > best_n or (n == best_n and n and best and seg.last_call > best.last_call):
                 best, best_n = seg, n
@@ -223,7 +223,7 @@ class Accumulator:
         return [s.freeze(None if s.parent is None else index[id(s.parent)]) for s in self.segments]
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int], block: int = 1024) -> int:
+def common_prefix_length(a: Sequence[int], b: Sequence[int], block: int = 1024) -> int:
     """Length of the longest common prefix of two id sequences (block compares run in C)."""
     n = min(len(a), len(b))
     i = 0
