@@ -23,6 +23,7 @@ class TerminationReason(enum.StrEnum):
     SANDBOX_ERROR = "sandbox_error"
     ENGINE_ERROR = "engine_error"
     BROKEN_TASK = "broken_task"
+    WORKER_LOST = "worker_lost"  # the rollout worker running it died; the trial is re-run
 
     @property
     def is_infrastructure_failure(self) -> bool:
@@ -36,6 +37,7 @@ _INFRA = frozenset(
         TerminationReason.SANDBOX_ERROR,
         TerminationReason.ENGINE_ERROR,
         TerminationReason.BROKEN_TASK,
+        TerminationReason.WORKER_LOST,
     }
 )
 
