@@ -73,9 +73,7 @@ def pool_and_session(ray_cluster, tasks, tmp_path_factory):
     )
     loop.run_until_complete(session.__aenter__())
     pool = loop.run_until_complete(
-        start_rollout_workers(
-            config, session, replicas=[], tasks=[tasks["hello"], tasks["slow"]]
-        )
+        start_rollout_workers(config, session, replicas=[], tasks=[tasks["hello"], tasks["slow"]])
     )
     yield loop, pool, session, run
     loop.run_until_complete(pool.close())
@@ -87,7 +85,7 @@ def pool_and_session(ray_cluster, tasks, tmp_path_factory):
 def test_workers_run_on_the_sandbox_node_and_the_driver_records(
     pool_and_session, ray_cluster, tasks
 ):
-    loop, pool, session, run = pool_and_session
+    loop, pool, _, run = pool_and_session
     assert isinstance(pool, RolloutPool) and len(pool.live()) == 2
     assert {w.node_id for w in pool.workers} == set(ray_cluster.node_ids("sandbox"))
     assert all(w.pid != os.getpid() for w in pool.workers)
@@ -128,7 +126,7 @@ def test_a_worker_killed_mid_trial_is_an_infrastructure_failure_and_the_trial_re
 ):
     import ray
 
-    loop, pool, session, run = pool_and_session
+    loop, pool, _, run = pool_and_session
     spec = TrialSpec(task=tasks["slow"], trial_id="w-slow-0", group_id="w-slow", step=2)
 
     async def scenario():

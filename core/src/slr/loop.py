@@ -39,6 +39,7 @@ import structlog
 
 from slr import checkpoints
 from slr import log as slr_log
+from slr.balancer import LoadBalancer
 from slr.config import PLUGIN_SECTIONS, Config
 from slr.contracts import TrialResult
 from slr.costs import cost_means
@@ -87,19 +88,25 @@ def build_components(config: Config, plugins: PluginManager, *, train: bool = Tr
 
     remote_rollout = config.run.rollout_workers >= 1
     engine = make("engine")
-    optimizer = None
-    if train:
-        if config.run.trainer_resources is not None:
-            optimizer = start_trainer(config, by_reference=bool(replica_handles(engine)))
-        else:
-            optimizer = make("optimizer")
-    return Components(
-        engine=engine,
-        optimizer=optimizer,
-        backend=None if remote_rollout else make("backend"),
-        agent=make("agent"),
-        verifier=None if remote_rollout else make("verifier"),
-    )
+    try:
+        optimizer = None
+        if train:
+            if config.run.trainer_resources is not None:
+                optimizer = start_trainer(config, by_reference=bool(replica_handles(engine)))
+            else:
+                optimizer = make("optimizer")
+        return Components(
+            engine=engine,
+            optimizer=optimizer,
+            backend=None if remote_rollout else make("backend"),
+            agent=make("agent"),
+            verifier=None if remote_rollout else make("verifier"),
+        )
+    except BaseException:
+        # engine replicas are processes of their own: end them when the run cannot start
+        if isinstance(engine, LoadBalancer):
+            asyncio.run(engine.close())
+        raise
 
 
 def worker_metrics(runner: Any) -> Mapping[str, Any]:

@@ -460,6 +460,4 @@ def attach_replicas(
 ) -> LoadBalancer:
     """A balancer over replicas another process started (it does not own them)."""
     engines = [RayEngine(h.actor, h.info, name=h.name, owner=False) for h in handles]
-    return LoadBalancer(
-        engines, names=[h.name for h in handles], probe_interval_s=probe_interval_s
-    )
+    return LoadBalancer(engines, names=[h.name for h in handles], probe_interval_s=probe_interval_s)

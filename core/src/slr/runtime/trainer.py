@@ -47,6 +47,12 @@ def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:
         target.write_bytes(data)
 
 
+def _last_line(exc: BaseException) -> str:
+    """The error itself, without the traceback Ray wraps around it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
 class TrainerActor:
     """The body of the trainer (wrapped by ``ray.remote`` in ``start_trainer``)."""
 
@@ -55,7 +61,10 @@ class TrainerActor:
         from slr.plugins import get_plugin_manager
 
         plugins = get_plugin_manager()
-        config = load_config(data=config_data, plugins=plugins, only_plugins=("optimizer",))
+        # the engine's section too: an optimizer may default to the engine's model
+        config = load_config(
+            data=config_data, plugins=plugins, only_plugins=("optimizer", "engine")
+        )
         registration = plugins.get(PLUGIN_SECTIONS["optimizer"], config.optimizer.name)
         self.optimizer = registration.create(config.optimizer.options, config=config)
         self._scratch = tempfile.TemporaryDirectory(prefix="slr-trainer-")
@@ -168,8 +177,9 @@ def start_trainer(config: Any, *, by_reference: bool) -> RemoteOptimizer:
         except (GetTimeoutError, RayError) as exc:
             ray.kill(actor)
             raise UsageError(
-                f"the trainer asking {resources} did not start: {exc}. The cluster has "
-                f"{ray.available_resources()} free; change run.trainer_resources"
+                f"the trainer asking {resources} did not start: {_last_line(exc)}. The "
+                f"cluster has {ray.available_resources()} free; fix the optimizer's config "
+                f"or change run.trainer_resources"
             ) from exc
     except BaseException:
         connection.release()

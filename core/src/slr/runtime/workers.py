@@ -344,4 +344,3 @@ async def start_rollout_workers(
         resources=resources,
     )
     return RolloutPool(workers, session, connection=connection)
-
