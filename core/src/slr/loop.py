@@ -112,8 +112,9 @@ def build_components(config: Config, plugins: PluginManager, *, train: bool = Tr
 def worker_metrics(runner: Any) -> Mapping[str, Any]:
     """The rollout workers' counters (live, lost, trials lost) for a step's metrics line;
     nothing when the trials run in the driver."""
-    metrics = getattr(runner, "metrics", None)
-    return dict(metrics()) if callable(metrics) else {}
+    if not isinstance(runner, RolloutPool):
+        return {}
+    return runner.metrics()
 
 
 def placement(parts: Components, runner: Any) -> dict[str, Any]:

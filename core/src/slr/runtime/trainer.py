@@ -147,7 +147,7 @@ class RemoteOptimizer:
     def servable_weights(self, path: Path) -> Path | None:
         import ray
 
-        found = ray.get(self.actor.servable_weights.remote(str(path)))
+        found: str | None = ray.get(self.actor.servable_weights.remote(str(path)))
         return None if found is None else Path(found)
 
     def close(self) -> None:
@@ -169,11 +169,11 @@ def start_trainer(config: Any, *, by_reference: bool) -> RemoteOptimizer:
     try:
         check_placeable(resources, 1, what="run.trainer_resources", count_key=None)
         remote = ray.remote(TrainerActor)
-        actor = remote.options(  # pyright: ignore[reportAttributeAccessIssue]
+        actor: Any = remote.options(  # pyright: ignore[reportAttributeAccessIssue]
             max_restarts=0, **actor_options(resources)
         ).remote(config.to_dict())
         try:
-            info = ray.get(actor.describe.remote(), timeout=START_TIMEOUT_S)
+            info: dict[str, Any] = ray.get(actor.describe.remote(), timeout=START_TIMEOUT_S)
         except (GetTimeoutError, RayError) as exc:
             ray.kill(actor)
             raise UsageError(

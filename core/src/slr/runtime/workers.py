@@ -290,9 +290,6 @@ async def start_rollout_workers(
     """``config.run.rollout_workers`` workers, started and ready, behind a ``RolloutPool``
     that records into ``session``. ``replicas``: the engine replicas the workers' proxies
     reach (none: only agents that call no model can run)."""
-    import ray
-    from ray.exceptions import RayError
-
     run = config.run
     count = int(run.rollout_workers)
     if count < 1:
@@ -303,6 +300,9 @@ async def start_rollout_workers(
             f"workers' proxies reach engine replicas, not the driver's embedded engine; "
             f"set run.engine_replicas >= 1"
         )
+    import ray
+    from ray.exceptions import RayError
+
     connection = cluster.connect(run.ray_address)
     try:
         resources = dict(run.worker_resources)
@@ -310,7 +310,7 @@ async def start_rollout_workers(
         remote = ray.remote(RolloutWorker)
         data = config.to_dict()
         names = [f"worker-{i}" for i in range(count)]
-        actors = [
+        actors: list[Any] = [
             remote.options(  # pyright: ignore[reportAttributeAccessIssue]
                 max_restarts=0,  # a lost worker's trials are re-queued, not resumed
                 max_concurrency=WORKER_MAX_CONCURRENCY,
