@@ -449,7 +449,9 @@ def replica_handles(engine: Any) -> list[ReplicaHandle]:
     if not isinstance(engine, LoadBalancer) or replicas is None:
         return []
     return [
-        ReplicaHandle(name=name, actor=e.actor, info=e.info)
+        ReplicaHandle(
+            name=name, actor=e.actor, info={**e.info, "weights_version": e.weights_version}
+        )
         for name, e in replicas
         if isinstance(e, RayEngine)
     ]
