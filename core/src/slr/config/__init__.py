@@ -87,7 +87,8 @@ class RunSection:
         None,
         doc="The Ray cluster to run on: 'auto' (the one joined with `ray start`), "
         "'host:port', 'ray://host:port', or 'local' (a private Ray on this machine). "
-        "Unset: a local Ray starts only when the run needs one (engine_replicas >= 1).",
+        "Unset: a local Ray starts only when the run needs one (engine_replicas, "
+        "rollout_workers >= 1, or trainer_resources set).",
         validator=_ray_address,
     )
     engine_replicas: int = option(
