@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from e2e_support import HELLO, taught_model
 
+from slr import checkpoints
 from slr.config import load_config
 from slr.contracts import TerminationReason
 from slr.plugins import get_plugin_manager
@@ -96,3 +97,8 @@ def test_roles_on_separate_nodes_earn_reward_and_sync_weights(ray_cluster, tmp_p
     assert [m["weights_version"] for m in metrics] == [1, 2]
     assert all(m["reward/mean"] == 1.0 for m in metrics)
     assert all(m["workers/live"] == 2 and m["trials/worker_lost"] == 0 for m in metrics)
+    # the trainer's checkpoint files came back to the coordinator, which wrote them
+    latest = checkpoints.latest_checkpoint(run)
+    assert latest == checkpoints.checkpoint_dir(run, 2)
+    served = checkpoints.read_state(latest).servable_weights
+    assert served is not None and any((latest / served).glob("*.safetensors"))
