@@ -121,6 +121,23 @@ def test_a_bad_worker_resource_fails_at_once_naming_it(pool_and_session, tasks, 
     assert "run.worker_resources asks sandbox = 1" in message and "rollout_workers" in message
 
 
+def test_a_cancelled_trial_is_not_recorded_and_its_worker_stays(pool_and_session, tasks):
+    loop, pool, _, run = pool_and_session
+    spec = TrialSpec(task=tasks["slow"], trial_id="w-cancel-0", group_id="w-cancel")
+
+    async def scenario():
+        running = asyncio.ensure_future(pool.run_one(spec))
+        await asyncio.sleep(0)  # one turn: the pool has sent the spec to a worker
+        assert sum(w.load for w in pool.workers) == 1
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+    loop.run_until_complete(scenario())
+    assert not run.has_trial("w-cancel-0")  # as in the driver: a cancelled trial is not recorded
+    assert len(pool.live()) == 2 and all(w.load == 0 for w in pool.workers)
+
+
 def test_a_worker_killed_mid_trial_is_an_infrastructure_failure_and_the_trial_reruns(
     pool_and_session, tasks
 ):

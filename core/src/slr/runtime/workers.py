@@ -10,7 +10,8 @@ to the engines, never through the driver.
 
 A worker writes nothing. ``run_one(spec, version)`` runs one trial (``slr.rollout.Rollout``)
 and returns its ``TrialResult`` and its proxy transcript; many calls may be in flight on one
-worker. ``RolloutPool`` is the driver-side ``TrialRunner``: it sends each spec to the
+worker. A call the driver cancels (an async run's trials in flight when it ends) cancels the
+worker's task, and the trial is not recorded, as in the driver. ``RolloutPool`` is the driver-side ``TrialRunner``: it sends each spec to the
 least-loaded live worker and records what comes back through the run's ``RolloutSession``
 (``record``), so the coordinator is the run directory's only writer.
 
@@ -212,15 +213,22 @@ class RolloutPool:
         return min(live, key=lambda w: w.load)
 
     async def _attempt(self, spec: TrialSpec) -> TrialResult:
+        import ray
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         worker = self._pick()
         version = self.session.weights_version()
         worker.load += 1
+        call = worker.actor.run_one.remote(spec, version)
         try:
-            result, transcript = await worker.actor.run_one.remote(spec, version)
+            result, transcript = await call
         except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
             return self._lost(worker, spec, version, exc)
+        except asyncio.CancelledError:
+            # the loop no longer wants it (the run is done): the worker's task is cancelled
+            # too, so the trial's own cleanup stops its sandbox; nothing is recorded
+            ray.cancel(call)
+            raise
         finally:
             worker.load -= 1
         return self.session.record(result, transcript=transcript)
