@@ -174,3 +174,33 @@ def test_a_worker_killed_mid_trial_is_an_infrastructure_failure_and_the_trial_re
     before = set(run.trial_ids())
     assert loop.run_until_complete(pool.run_one(spec)) == result
     assert set(run.trial_ids()) == before
+
+
+def test_an_async_resume_counts_the_retry_in_place_of_the_lost_trial(tasks, tmp_path):
+    """The async loop's resume groups finished trials by group: a ``worker_lost`` record
+    is not one of them, its retry is (so the group is complete and is not run again)."""
+    import attrs
+
+    from slr.async_loop import AsyncLoop, group_specs
+    from slr.contracts import Reward, TrialResult
+
+    config = worker_config(tmp_path, tasks["root"])
+    config = attrs.evolve(config, rollout=attrs.evolve(config.rollout, n_per_task=2))
+    run = RunDir.create(config.run.runs_dir, "resume", config.to_toml())
+    loop = AsyncLoop.__new__(AsyncLoop)  # no components: only the resume bookkeeping
+    loop.config, loop.run, loop.tasks = config, run, [tasks["hello"]]
+    loop.trained, loop._recovered = set(), []
+    a, b = group_specs(loop.tasks, seed=0, seq=0, n=2)
+
+    def done(trial_id: str, **kw) -> TrialResult:
+        return TrialResult(
+            trial_id=trial_id, task_id="hello-world", group_id=a.group_id, weights_version=0, **kw
+        )
+
+    run.write_trial(done(a.trial_id, termination=TerminationReason.WORKER_LOST))
+    run.write_trial(done(retry_id(a.trial_id, 1), termination="completed", reward=Reward(value=1)))
+    run.write_trial(done(b.trial_id, termination="completed", reward=Reward(value=0)))
+    loop._discard_after(0)
+    (group,) = loop._recovered
+    assert sorted(t.trial_id for t in group.trials) == sorted([retry_id(a.trial_id, 1), b.trial_id])
+    run.close()

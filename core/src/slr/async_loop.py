@@ -56,7 +56,7 @@ import structlog
 
 from slr import checkpoints
 from slr import log as slr_log
-from slr.contracts import TrialResult
+from slr.contracts import TerminationReason, TrialResult
 from slr.costs import cost_means
 from slr.errors import UsageError
 from slr.loop import Loop, worker_metrics
@@ -180,6 +180,10 @@ class AsyncLoop(Loop):
         lost = {t.trial_id for t in gone}
         groups: dict[str, list[TrialResult]] = {}
         for t in mine:
+            # a trial lost with its rollout worker ran again under another id
+            # (slr.runtime.workers): its retry stands for it in the group
+            if t.termination is TerminationReason.WORKER_LOST:
+                continue
             if t.trial_id not in lost and t.group_id not in self.trained:
                 groups.setdefault(t.group_id or "", []).append(t)
         n = self.config.rollout.n_per_task
