@@ -24,6 +24,7 @@ class TerminationReason(enum.StrEnum):
     SANDBOX_ERROR = "sandbox_error"
     ENGINE_ERROR = "engine_error"
     BROKEN_TASK = "broken_task"
+    WORKER_LOST = "worker_lost"  # the rollout worker running it died; the trial is re-run
 
     @property
     def is_infrastructure_failure(self) -> bool:
@@ -37,6 +38,7 @@ _INFRA = frozenset(
         TerminationReason.SANDBOX_ERROR,
         TerminationReason.ENGINE_ERROR,
         TerminationReason.BROKEN_TASK,
+        TerminationReason.WORKER_LOST,
     }
 )
 
