@@ -248,7 +248,7 @@ class RolloutSession:
         """Run one spec and record it (or read back its record); see ``TrialRunner``."""
         self._require_entered()
         if self.run_dir.has_trial(spec.trial_id):
-            return self.run_dir.trial(spec.trial_id)
+            return await asyncio.to_thread(self.run_dir.trial, spec.trial_id)
         return await self._job(spec)()
 
     def _require_entered(self) -> None:
@@ -277,13 +277,17 @@ class RolloutSession:
                 step=spec.step,
                 capture_diff=spec.capture_diff,
             )
-            return self.record(attrs.evolve(result, weights_version=version))
+            return await self.record(attrs.evolve(result, weights_version=version))
 
         return job
 
-    def record(self, result: TrialResult) -> TrialResult:
-        """A finished trial: written once to the run directory, logged, announced."""
-        self.run_dir.write_trial(result)
+    async def record(self, result: TrialResult) -> TrialResult:
+        """A finished trial: written once to the run directory, logged, announced.
+
+        The write (encode a trajectory of tens of thousands of tokens, fsync) runs in a
+        thread: the proxy serving the other trials shares this event loop.
+        """
+        await asyncio.to_thread(self.run_dir.write_trial, result)
         log.info(
             "trial done",
             trial_id=result.trial_id,
@@ -305,7 +309,7 @@ class RolloutSession:
         """End a session from ``open_session`` and record its trajectory, without reward."""
         assert self._transcripts is not None
         trajectory = await self._transcripts.close(session)
-        return self.record(
+        return await self.record(
             TrialResult(
                 trial_id=session.trial_id,
                 task_id=task_id,
