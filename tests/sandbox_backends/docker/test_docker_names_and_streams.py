@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slr_backend_docker import DockerBackendConfig
-from slr_backend_docker.backend import _COMPONENT, DockerBackend, _repo_name
+from slr_backend_docker.backend import (
+    _COMPONENT,
+    MIN_THREADS,
+    THREADS_PER_SANDBOX,
+    DockerBackend,
+    _repo_name,
+)
 from slr_backend_docker.base_image import BASE_TAG
 
 from slr.contracts import SandboxError
@@ -114,3 +121,48 @@ def test_an_sdk_value_error_in_exec_is_a_sandbox_error(example_tasks):
         assert left == []
 
     asyncio.run(go())
+
+
+def test_the_thread_pool_is_sized_to_the_runs_sandboxes():
+    from slr.config import load_config
+    from slr.plugins import get_plugin_manager
+
+    cfg = load_config(
+        data={"backend": {"name": "docker"}, "rollout": {"concurrency": 96, "pool_size": 8}},
+        plugins=get_plugin_manager(),
+        only_plugins=("backend",),
+    )
+    backend = DockerBackend.from_config(cfg)
+    assert backend.threads == THREADS_PER_SANDBOX * (96 + 8) > 64  # the old fixed pool
+    assert DockerBackend(DockerBackendConfig(), sandboxes=1).threads == MIN_THREADS
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sandboxes", [4])
+def test_timed_out_commands_are_killed_while_every_other_command_runs(
+    example_tasks, monkeypatch, sandboxes
+):
+    """As many commands as the pool was sized for run at once and all time out: each kill
+    gets a thread of its own. (With a pool of one thread per command, as the fixed 64 threads
+    were for 64 trials, the kills queue behind the very commands they should end: measured,
+    the four 1 s timeouts took 61 s, the commands' own end.)"""
+    monkeypatch.setattr("slr_backend_docker.backend.MIN_THREADS", 0)
+
+    async def go():
+        backend = DockerBackend(DockerBackendConfig(), sandboxes=sandboxes)
+        assert backend.threads == THREADS_PER_SANDBOX * sandboxes
+        sb = await backend.start(example_tasks[0], trial_id="many", labels={})
+        try:
+            t = time.monotonic()
+            results = await asyncio.gather(
+                *(sb.exec(["sleep", "60"], timeout_s=1) for _ in range(sandboxes))
+            )
+            return results, time.monotonic() - t
+        finally:
+            await sb.stop()
+            await backend.close()
+
+    results, took = asyncio.run(go())
+    assert all(r.timed_out for r in results)
+    assert took < 30  # a starved kill waits for the 60 s commands to end by themselves
