@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 from structlog.contextvars import bind_contextvars, bound_contextvars, clear_contextvars
@@ -80,7 +81,7 @@ class _ToStructlog(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            fields = {"logger": record.name}
+            fields: dict[str, Any] = {"logger": record.name}
             if record.exc_info:
                 fields["exc_info"] = record.exc_info
             structlog.get_logger().log(record.levelno, record.getMessage(), **fields)

@@ -33,7 +33,7 @@ T = TypeVar("T")
 converter = cattrs.Converter(forbid_extra_keys=False)
 
 _encoder = msgspec.json.Encoder()
-_decoders: dict[type, msgspec.json.Decoder] = {}
+_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
 
 
 def to_dict(record: Any) -> Any:
@@ -57,7 +57,7 @@ def decode(data: bytes | str, cls: type[T]) -> T:
     if decoder is None:
         decoder = _decoders[cls] = msgspec.json.Decoder(cls)
     try:
-        record = decoder.decode(data)
+        record: T = decoder.decode(data)
     except msgspec.MsgspecError:
         return from_dict(json.loads(data), cls)
     return record

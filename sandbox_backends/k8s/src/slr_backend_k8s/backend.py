@@ -237,6 +237,7 @@ class K8sBackend:
                     raise explain(
                         exc, f"waiting for pod {name}", api=self.api, namespace=ns
                     ) from exc
+            assert pod is not None  # seen or read above; only a running pod skips both
             running = pod.status.phase == "Running" and _container_running(pod)
             if running and (not self.loopback or self._relay_ready(name)):
                 log.debug("pod ready", pod=name, seconds=round(time.monotonic() - started, 2))

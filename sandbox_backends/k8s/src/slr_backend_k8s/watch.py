@@ -116,6 +116,8 @@ class PodWatch:
                 timeout_seconds=WATCH_TIMEOUT_S,
                 _request_timeout=(10, WATCH_TIMEOUT_S + 30),
             ):
+                if not isinstance(event, dict):
+                    continue  # only a log stream yields lines
                 if event.get("type") == "ERROR":
                     raise RuntimeError(f"watch error: {event.get('raw_object') or event}")
                 self.apply(event)
