@@ -40,7 +40,9 @@ def restore_logging():
     saved = (root.handlers[:], root.level)
     libs = {n: logging.getLogger(n) for n in log.LIBRARY_LEVELS}
     lib_saved = {n: (lg.handlers[:], lg.level, lg.propagate) for n, lg in libs.items()}
+    configured = log._configured
     yield
+    log._configured = configured
     root.handlers[:], root.level = saved[0], saved[1]
     for n, (handlers, level, propagate) in lib_saved.items():
         libs[n].handlers[:] = handlers
