@@ -313,24 +313,28 @@ class RolloutSession(Rollout):
         """Run one spec and record it (or read back its record); see ``TrialRunner``."""
         self._require_entered()
         if self.run_dir.has_trial(spec.trial_id):
-            return self.run_dir.trial(spec.trial_id)
+            return await asyncio.to_thread(self.run_dir.trial, spec.trial_id)
         return await self._job(spec)()
 
     def _job(self, spec: TrialSpec):
         async def job() -> TrialResult:
             result, transcript = await self.execute(spec)
-            return self.record(result, transcript=transcript)
+            return await self.record(result, transcript=transcript)
 
         return job
 
-    def record(
+    async def record(
         self, result: TrialResult, *, transcript: Mapping[str, Any] | None = None
     ) -> TrialResult:
         """A finished trial: written once to the run directory (its proxy transcript
-        first, the trial's record last), logged, announced."""
+        first, the trial's record last), logged, announced.
+
+        The writes (encode a trajectory of tens of thousands of tokens, fsync) run in a
+        thread: the proxy serving the other trials shares this event loop.
+        """
         if transcript is not None:
-            write_transcript(self.run_dir.path / "trials", transcript)
-        self.run_dir.write_trial(result)
+            await asyncio.to_thread(write_transcript, self.run_dir.path / "trials", transcript)
+        await asyncio.to_thread(self.run_dir.write_trial, result)
         log.info(
             "trial done",
             trial_id=result.trial_id,
@@ -353,7 +357,7 @@ class RolloutSession(Rollout):
         assert self._transcripts is not None
         trajectory = await self._transcripts.close(session)
         transcript = self._transcripts.pop_transcript(session.trial_id)
-        return self.record(
+        return await self.record(
             transcript=transcript,
             result=TrialResult(
                 trial_id=session.trial_id,

@@ -150,8 +150,15 @@ class Proxy:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.host, self.config.port))
         self.port = sock.getsockname()[1]
+        # log_config=None: uvicorn's records go to the root logger, hence through slr.log,
+        # instead of the handlers its default config would install
         config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30
+            self.app,
+            log_level="warning",
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=30,
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))

@@ -228,7 +228,7 @@ class RolloutPool:
         try:
             result, transcript = await call
         except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
-            return self._lost(worker, spec, version, exc)
+            return await self._lost(worker, spec, version, exc)
         except asyncio.CancelledError:
             # the loop no longer wants it (the run is done): the worker's task is cancelled
             # too, so the trial's own cleanup stops its sandbox; nothing is recorded
@@ -236,9 +236,9 @@ class RolloutPool:
             raise
         finally:
             worker.load -= 1
-        return self.session.record(result, transcript=transcript)
+        return await self.session.record(result, transcript=transcript)
 
-    def _lost(
+    async def _lost(
         self, worker: _Worker, spec: TrialSpec, version: int | None, exc: BaseException
     ) -> TrialResult:
         if worker.alive:
@@ -246,7 +246,7 @@ class RolloutPool:
             log.warning("rollout worker lost", worker=worker.name, error=_first_line(exc))
             self.session.run_dir.append_event("worker_lost", worker=worker.name)
         self.lost_trials += 1
-        return self.session.record(
+        return await self.session.record(
             TrialResult(
                 trial_id=spec.trial_id,
                 task_id=spec.task.id,
