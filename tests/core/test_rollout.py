@@ -5,6 +5,7 @@ closed on every path."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -281,3 +282,25 @@ def test_a_served_session_is_recorded_once_without_reward(tmp_path, counter):
     assert run.trial("session-0") == result
     assert (run.path / "trials" / "session-0" / "proxy.json").is_file()
     assert closed == [True], "the session closes the engine it was given"
+
+
+@pytest.mark.timeout(60)
+def test_trials_are_recorded_off_the_event_loop(tmp_path, slr_plugins):
+    """The proxy serving other trials shares the loop: a long record's write must not stall it."""
+    run = RunDir.create(tmp_path / "runs", "r", "")
+    writers: list[threading.Thread] = []
+    write = run.write_trial
+
+    def spy(trial):
+        writers.append(threading.current_thread())
+        return write(trial)
+
+    run.write_trial = spy  # type: ignore[method-assign]
+
+    async def go():
+        async with session(run, slr_plugins, ClosingSpy(tmp_path)) as s:
+            await s.run(specs(1))
+        return threading.current_thread()
+
+    loop_thread = asyncio.run(go())
+    assert len(writers) == 1 and writers[0] is not loop_thread

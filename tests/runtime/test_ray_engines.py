@@ -163,3 +163,47 @@ def test_killing_a_replica_mid_stream_moves_the_session_and_it_comes_back(balanc
     assert metrics["readmissions"] >= 1
     # the restarted replica was brought to the weights published before the crash
     assert restored == balancer.weights_version
+
+
+def test_another_process_view_of_the_replicas_fails_over_and_owns_none(balancer):
+    """What a rollout worker's node-local proxy stands on: a balancer over the replicas'
+    actor handles (``attach_replicas``). A replica killed mid-stream moves its session;
+    closing the view ends no replica."""
+    import ray
+
+    from slr.runtime.engines import attach_replicas, replica_handles
+
+    handles = replica_handles(balancer)
+    assert [h.name for h in handles] == ["engine-0", "engine-1"]
+    assert all(h.info["weights_version"] == balancer.weights_version for h in handles)
+
+    async def run():
+        view = attach_replicas(handles, probe_interval_s=None)
+        assert view.weights_version == balancer.weights_version  # no round trip needed
+        chunks = view.stream(PROMPT, LONG, session_id="worker-session")
+        await anext(chunks)
+        name = view.replica_of("worker-session")
+        victim = next(h for h in handles if h.name == name)
+        ray.kill(victim.actor, no_restart=False)  # a crash; Ray restarts it
+        with pytest.raises(EngineUnavailable):
+            async for _ in chunks:
+                pass
+        again = await view.generate(
+            PROMPT, SamplingParams(max_tokens=3), session_id="worker-session"
+        )
+        moved_to = view.replica_of("worker-session")
+        moves = view.metrics()["moves"]
+        await view.close()
+        # the view owned nothing: the driver's balancer still reaches the survivor
+        survivor = await balancer.generate(PROMPT, SamplingParams(max_tokens=2), session_id="d")
+        await asyncio.wait_for(
+            balancer.wait_until(
+                lambda: all(r["up"] for r in balancer.metrics()["replicas"].values())
+            ),
+            timeout=120,
+        )
+        return name, moved_to, again, moves, survivor
+
+    name, moved_to, again, moves, survivor = asyncio.run(run())
+    assert moved_to is not None and moved_to != name and len(again.token_ids) >= 1
+    assert moves >= 1 and len(survivor.token_ids) >= 1

@@ -19,6 +19,17 @@ def test_defaults_keep_the_engine_embedded():
     run = run_config().run
     assert run.engine_replicas == 0 and run.ray_address is None
     assert run.engine_resources == {"CPU": 1.0}
+    # the roles stay in the driver unless asked for
+    assert run.rollout_workers == 0 and run.trainer_resources is None
+    assert run.worker_resources == {"CPU": 1.0}
+
+
+def test_role_resources_are_read():
+    run = run_config(
+        rollout_workers=2, worker_resources={"sandbox": 1}, trainer_resources={"GPU": 1}
+    ).run
+    assert run.rollout_workers == 2 and run.worker_resources == {"sandbox": 1.0}
+    assert run.trainer_resources == {"GPU": 1.0}
 
 
 @pytest.mark.parametrize("address", ["auto", "local", "10.0.0.5:6379", "ray://head:10001"])
@@ -33,6 +44,9 @@ def test_ray_addresses_slr_understands(address):
         ({"engine_replicas": -1}, ["engine_replicas", "-1"]),
         ({"engine_resources": {"GPU": -1}}, ["run.engine_resources", "{CPU = 1}"]),
         ({"engine_resources": {"GPU": "one"}}, ["run.engine_resources.GPU", "'one'"]),
+        ({"rollout_workers": -1}, ["rollout_workers", "-1"]),
+        ({"worker_resources": {"sandbox": -1}}, ["run.worker_resources", "{CPU = 1}"]),
+        ({"trainer_resources": {"GPU": -1}}, ["run.trainer_resources", "{CPU = 1}"]),
     ],
 )
 def test_bad_runtime_keys_name_the_key_and_the_fix(run, words):
@@ -54,3 +68,29 @@ def test_resources_map_to_ray_actor_options():
         "resources": {"engine": 0.5},
     }
     assert actor_options({}) == {"num_cpus": 0.0, "num_gpus": 0.0}
+
+
+def test_rollout_workers_without_engine_replicas_fail_before_ray_starts(tmp_path):
+    """A scaffold that calls the model needs the engine out of the driver: the workers'
+    proxies reach engine replicas, never the driver."""
+    import asyncio
+    import sys
+
+    from slr.rollout import RolloutSession
+    from slr.runs import RunDir
+    from slr.runtime.workers import start_rollout_workers
+
+    config = run_config(rollout_workers=1, runs_dir=str(tmp_path))
+    run = RunDir.create(config.run.runs_dir, "w", config.to_toml())
+
+    class ModelAgent:  # stub: only its needs_model is read
+        needs_model = True
+
+    session = RolloutSession(
+        run, plugins=get_plugin_manager(), config=config, agent=ModelAgent(), serve_proxy=False
+    )
+    ray_loaded = "ray" in sys.modules
+    with pytest.raises(UsageError, match=r"set run.engine_replicas >= 1"):
+        asyncio.run(start_rollout_workers(config, session, replicas=[], tasks=[]))
+    assert ("ray" in sys.modules) == ray_loaded  # nothing started
+    run.close()

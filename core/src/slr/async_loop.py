@@ -11,7 +11,8 @@
   continue under them), checkpoints, and writes the step's metrics line.
 
 The loop talks to rollout only through ``TrialRunner.run_one`` (``slr.rollout``): the
-in-process ``RolloutSession`` today, a remote rollout pool tomorrow.
+in-process ``RolloutSession``, or the pool of rollout workers (``[run] rollout_workers``,
+``slr.runtime.workers``) that records through it.
 
 **Staleness.** Step ``s`` updates weights version ``s - 1`` to ``s``; a token sampled by
 version ``v`` and trained in step ``s`` is ``s - 1 - v`` versions old. Admission control
@@ -56,10 +57,10 @@ import structlog
 
 from slr import checkpoints
 from slr import log as slr_log
-from slr.contracts import TrialResult
+from slr.contracts import TerminationReason, TrialResult
 from slr.costs import cost_means
 from slr.errors import UsageError
-from slr.loop import Loop, no_signal
+from slr.loop import Loop, no_signal, worker_metrics
 from slr.rollout import TrialRunner, TrialSpec
 from slr.tasks import Task
 
@@ -159,6 +160,7 @@ class AsyncLoop(Loop):
         self._oversampled = 0  # groups replaced by dynamic sampling for the step being filled
         self._done = False
         self._groups: set[asyncio.Task[None]] = set()
+        self._runner: TrialRunner | None = None
 
     # -- resume -------------------------------------------------------------------------
 
@@ -173,6 +175,10 @@ class AsyncLoop(Loop):
         lost = {t.trial_id for t in gone}
         groups: dict[str, list[TrialResult]] = {}
         for t in mine:
+            # a trial lost with its rollout worker ran again under another id
+            # (slr.runtime.workers): its retry stands for it in the group
+            if t.termination is TerminationReason.WORKER_LOST:
+                continue
             if t.trial_id not in lost and t.group_id not in self.trained:
                 groups.setdefault(t.group_id or "", []).append(t)
         n = self.config.rollout.n_per_task
@@ -344,6 +350,7 @@ class AsyncLoop(Loop):
             }
         )
         metrics.update(cost_means(trials))  # the trials' cost split, mean per trial
+        metrics.update(worker_metrics(self._runner))
         await self.checkpoint(step, metrics, trained_groups=sorted(self.trained))
         metrics["time/step_s"] = time.monotonic() - t0
         return metrics
@@ -352,7 +359,9 @@ class AsyncLoop(Loop):
 
     async def main(self) -> str:
         cfg = self.config
-        async with self.session() as session:
+        async with self.session() as session, self.runner(session) as runner:
+            self._runner = runner
+            self.announce_placement(runner)
             if self.start_step > 1:
                 await self.parts.engine.update_weights(
                     self.parts.optimizer.export_weights(), version=self.start_step - 1
@@ -362,7 +371,7 @@ class AsyncLoop(Loop):
             self.ahead = len(self.buffer)
             try:
                 async with asyncio.TaskGroup() as tg:
-                    rollouter = tg.create_task(self._rollouter(session, tg))
+                    rollouter = tg.create_task(self._rollouter(runner, tg))
                     for step in range(self.start_step, cfg.run.steps + 1):
                         with slr_log.bound(step=step):
                             metrics = await self._train_step(step)

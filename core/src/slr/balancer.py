@@ -115,6 +115,12 @@ class LoadBalancer:
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
         self._closed = False
 
+    @property
+    def replicas(self) -> list[tuple[str, Engine]]:
+        """Each replica's name and engine, in order (e.g. to reach the same replicas from
+        another process: ``slr.runtime.engines.replica_handles``)."""
+        return [(r.name, r.engine) for r in self._replicas]
+
     # -- Engine protocol ------------------------------------------------------------------
 
     @property

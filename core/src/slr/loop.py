@@ -27,11 +27,13 @@ Crash safety (everything is read back from the run directory on ``--resume``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import random
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -39,14 +41,17 @@ import structlog
 
 from slr import checkpoints
 from slr import log as slr_log
+from slr.balancer import LoadBalancer
 from slr.config import PLUGIN_SECTIONS, Config
 from slr.contracts import TrialResult
 from slr.costs import cost_means
 from slr.errors import UsageError
 from slr.plugins import PluginManager
-from slr.rollout import RolloutSession, TrialSpec, emit
+from slr.rollout import BatchRunner, RolloutSession, TrialSpec, emit
 from slr.runs import RunDir, atomic_write
-from slr.runtime.engines import start_engine_replicas
+from slr.runtime.engines import replica_handles, start_engine_replicas
+from slr.runtime.trainer import RemoteOptimizer, start_trainer
+from slr.runtime.workers import RolloutPool, start_rollout_workers
 from slr.tasks import Task, load_tasks
 
 log = structlog.get_logger()
@@ -76,16 +81,60 @@ def build_plugin(config: Config, plugins: PluginManager, section: str) -> Any:
 
 
 def build_components(config: Config, plugins: PluginManager, *, train: bool = True) -> Components:
+    """The run's plugins. With ``[run] rollout_workers >= 1`` the driver builds no backend
+    and no verifier: each worker builds its own (``slr.runtime.workers``); with
+    ``[run] trainer_resources`` set the optimizer is a Ray actor (``slr.runtime.trainer``)."""
+
     def make(section: str) -> Any:
         return build_plugin(config, plugins, section)
 
-    return Components(
-        engine=make("engine"),
-        optimizer=make("optimizer") if train else None,
-        backend=make("backend"),
-        agent=make("agent"),
-        verifier=make("verifier"),
-    )
+    remote_rollout = config.run.rollout_workers >= 1
+    engine = make("engine")
+    try:
+        optimizer = None
+        if train:
+            if config.run.trainer_resources is not None:
+                optimizer = start_trainer(config, by_reference=bool(replica_handles(engine)))
+            else:
+                optimizer = make("optimizer")
+        return Components(
+            engine=engine,
+            optimizer=optimizer,
+            backend=None if remote_rollout else make("backend"),
+            agent=make("agent"),
+            verifier=None if remote_rollout else make("verifier"),
+        )
+    except BaseException:
+        # engine replicas are processes of their own: end them when the run cannot start
+        if isinstance(engine, LoadBalancer):
+            asyncio.run(engine.close())
+        raise
+
+
+def worker_metrics(runner: Any) -> Mapping[str, Any]:
+    """The rollout workers' counters (live, lost, trials lost) for a step's metrics line;
+    nothing when the trials run in the driver."""
+    if not isinstance(runner, RolloutPool):
+        return {}
+    return runner.metrics()
+
+
+def placement(parts: Components, runner: Any) -> dict[str, Any]:
+    """Where each role that is a Ray actor runs (node id, process id), for ``events.jsonl``;
+    empty when everything runs in the driver."""
+    where: dict[str, Any] = {}
+    handles = replica_handles(parts.engine)
+    if handles:
+        where["engines"] = [
+            {"name": h.name, "node_id": h.info["node_id"], "pid": h.info["pid"]} for h in handles
+        ]
+    if isinstance(runner, RolloutPool):
+        where["rollout_workers"] = [
+            {"name": w.name, "node_id": w.node_id, "pid": w.pid} for w in runner.workers
+        ]
+    if isinstance(parts.optimizer, RemoteOptimizer):
+        where["trainer"] = {"node_id": parts.optimizer.node_id, "pid": parts.optimizer.pid}
+    return where
 
 
 def sample_tasks(tasks: Sequence[Task], *, seed: int, step: int, count: int) -> list[Task]:
@@ -246,7 +295,7 @@ class Loop:
 
     # -- one step -----------------------------------------------------------------------
 
-    async def rollout(self, step: int, session: RolloutSession) -> StepRollout:
+    async def rollout(self, step: int, session: BatchRunner) -> StepRollout:
         """Roll out step ``step``'s groups through the session (``rollout_step``)."""
         label = f"step {step}/{self.config.run.steps} rollout"
 
@@ -256,7 +305,7 @@ class Loop:
 
         return await rollout_step(self.tasks, self.config, step, run)
 
-    async def step(self, step: int, session: RolloutSession) -> dict[str, Any]:
+    async def step(self, step: int, session: BatchRunner) -> dict[str, Any]:
         t0 = time.monotonic()
         rolled = await self.rollout(step, session)
         trials = rolled.trials
@@ -283,6 +332,7 @@ class Loop:
             metrics["groups/oversampled"] = rolled.oversampled
             metrics["groups/dropped_no_signal"] = rolled.dropped_no_signal
         metrics.update(cost_means(trials))  # the trials' cost split, mean per trial
+        metrics.update(worker_metrics(session))
         await self.checkpoint(step, metrics)
         metrics["time/step_s"] = time.monotonic() - t0
         return metrics
@@ -317,8 +367,11 @@ class Loop:
     # -- the run ------------------------------------------------------------------------
 
     def session(self) -> RolloutSession:
-        """The run's rollout session: it closes the engine and the backend when left."""
+        """The run's rollout session: it closes the engine and the backend when left, and
+        records every trial. With rollout workers it runs none itself (no proxy, no
+        sandboxes in the driver): ``runner`` hands the trials to the workers."""
         parts = self.parts
+        local = self.config.run.rollout_workers < 1
         return RolloutSession(
             self.run,
             plugins=self.plugins,
@@ -327,18 +380,49 @@ class Loop:
             backend=parts.backend,
             agent=parts.agent,
             verifier=parts.verifier,
-            tasks=self.tasks,
+            tasks=self.tasks if local else (),
+            serve_proxy=local,
         )
+
+    @contextlib.asynccontextmanager
+    async def runner(self, session: RolloutSession) -> AsyncIterator[BatchRunner]:
+        """What runs the trials: the session itself, or a pool of rollout workers
+        (``[run] rollout_workers``) that records through it."""
+        if self.config.run.rollout_workers < 1:
+            yield session
+            return
+        pool = await start_rollout_workers(
+            self.config, session, replicas=replica_handles(self.parts.engine), tasks=self.tasks
+        )
+        try:
+            yield pool
+        finally:
+            await pool.close()
+
+    def announce_placement(self, runner: Any) -> None:
+        where = placement(self.parts, runner)
+        if where:
+            self.run.append_event("placement", pid=os.getpid(), **where)
+
+    def close(self) -> None:
+        """End what outlives the rollout session: a remote trainer (its actor)."""
+        close = getattr(self.parts.optimizer, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                log.exception("closing the optimizer failed")
 
     async def main(self) -> str:
         cfg = self.config
-        async with self.session() as session:
+        async with self.session() as session, self.runner(session) as runner:
+            self.announce_placement(runner)
             if self.start_step > 1:
                 await self.parts.engine.update_weights(
                     self.parts.optimizer.export_weights(), version=self.start_step - 1
                 )
             for step in range(self.start_step, cfg.run.steps + 1):
                 with slr_log.bound(step=step):
-                    metrics = await self.step(step, session)
+                    metrics = await self.step(step, runner)
                 self.finish_step(step, metrics)
         return "completed"

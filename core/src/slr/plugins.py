@@ -20,6 +20,7 @@ import pluggy
 from attrs import field, frozen
 
 from slr import hookspecs
+from slr import log as slr_log
 from slr.errors import PluginError, UnknownPluginError
 
 if TYPE_CHECKING:
@@ -117,6 +118,8 @@ class Registration:
                 f"{self.factory!r}, which cannot be loaded: {exc}. Reinstall that distribution, "
                 f"or uninstall it if you do not need it."
             ) from exc
+        # its SDK may have just installed logging handlers of its own (transformers does)
+        slr_log.capture_stdlib()
         return obj
 
     def create(self, options: Any = None, *, config: Any = None, **kwargs: Any) -> Any:

@@ -25,6 +25,12 @@ context manager:
   logged, never stops the run). A cancelled trial is not recorded, so resume runs it;
 - leaving it stops the proxy and closes the backend and the engine, on every path.
 
+``Rollout`` is the part of the session that writes nothing: the parts, the proxy, and
+``execute(spec)``, which runs one trial and returns its result and its proxy transcript.
+``RolloutSession`` adds the run directory and ``record``. A remote rollout worker
+(``slr.runtime.workers``) holds a ``Rollout`` in its own process and returns what
+``execute`` gives; the coordinator records it, so the run directory has one writer.
+
 The session knows trials, not training: the loop owns steps, the optimizer and weight
 sync, and only hands the session the specs of a step. Anything that can build a list of
 specs (a later ``slr infer``, a remote rollout worker) can use it as is.
@@ -34,9 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import attrs
 import structlog
@@ -45,7 +51,7 @@ from slr.config import Config
 from slr.contracts import SamplingParams, TerminationReason, TrialResult
 from slr.plugins import PluginManager
 from slr.proxy import Proxy, ProxySessions
-from slr.proxy.server import Session
+from slr.proxy.server import Session, write_transcript
 from slr.runs import RunDir
 from slr.sandboxing.pool import SandboxPool
 from slr.tasks import Task
@@ -94,6 +100,16 @@ class TrialRunner(Protocol):
         ...
 
 
+class BatchRunner(TrialRunner, Protocol):
+    """A ``TrialRunner`` that also runs a list of specs (what the synchronous loop calls):
+    the ones without a record, at most ``rollout.concurrency`` at once, results in spec
+    order. ``RolloutSession`` and the rollout workers' pool implement it."""
+
+    async def run(
+        self, specs: Sequence[TrialSpec], *, label: str | None = None
+    ) -> list[TrialResult]: ...
+
+
 def emit(plugins: PluginManager, hook: str, **kwargs: Any) -> None:
     """Event hooks never stop a run: a failing logger is logged and skipped."""
     try:
@@ -108,21 +124,22 @@ def sampling_of(config: Config) -> SamplingParams:
     return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
 
 
-class RolloutSession:
-    """Owns the rollout parts for as long as it is entered; see the module docstring.
+class Rollout:
+    """The rollout parts of one process, for as long as it is entered; writes nothing.
 
     ``engine`` may be None (agents that call no model); ``backend``, ``agent`` and
     ``verifier`` may be None when no trial is run (``slr serve``). ``weights_version`` says
     which weights a trial starts under, recorded as its ``weights_version`` (default: the
     engine's current version when the trial starts; with partial weight updates later
-    tokens may carry newer versions, which its segments record per token). The session
-    closes every part it is given when it is left.
+    tokens may carry newer versions, which its segments record per token). Every part it is
+    given is closed when it is left. ``serve_proxy = False``: no proxy starts (the trials run
+    on rollout workers, each with its own proxy in front of the engine replicas).
     """
 
     def __init__(
         self,
-        run: RunDir,
         *,
+        run_id: str,
         plugins: PluginManager,
         config: Config,
         engine: Any = None,
@@ -131,8 +148,11 @@ class RolloutSession:
         verifier: Any = None,
         tasks: Sequence[Task] = (),
         weights_version: Callable[[], int | None] | None = None,
+        serve_proxy: bool = True,
     ) -> None:
-        self.run_dir, self.plugins, self.config = run, plugins, config
+        self.run_id, self.plugins, self.config = run_id, plugins, config
+        # False: the trials run elsewhere (rollout workers, each with its own proxy)
+        self.serve_proxy = serve_proxy
         self.engine, self.backend, self.agent, self.verifier = engine, backend, agent, verifier
         self.tasks = list(tasks)
         self._weights_version = weights_version
@@ -143,7 +163,7 @@ class RolloutSession:
 
     # -- entering and leaving ------------------------------------------------------------
 
-    async def __aenter__(self) -> RolloutSession:
+    async def __aenter__(self) -> Self:
         stack = contextlib.AsyncExitStack()
         await stack.__aenter__()
         try:
@@ -155,14 +175,15 @@ class RolloutSession:
                     await self.backend.prepare(task)
                 if self.config.rollout.pool_size and self.agent is not None:
                     self.backend = await self._pooled(self.backend)
-            if self.engine is None:
+            if self.engine is None or not self.serve_proxy:
                 self.sessions = StandInSessions()
             else:
                 proxy = Proxy(self.engine, self.config.proxy, sampling=sampling_of(self.config))
                 self.proxy = await stack.enter_async_context(proxy)
                 protocol = getattr(self.agent, "protocol", "openai")
+                # transcripts are kept, not written: whoever records the trial writes them
                 self._transcripts = ProxySessions(
-                    self.proxy, protocol=protocol, transcripts=self.run_dir.path / "trials"
+                    self.proxy, protocol=protocol, keep_transcripts=True
                 )
                 self.sessions = self._transcripts
         except BaseException as exc:
@@ -203,7 +224,7 @@ class RolloutSession:
             backend,
             size=self.config.rollout.pool_size,
             mounts=bundle_mounts(bundle),
-            run_id=self.run_dir.id,
+            run_id=self.run_id,
         )
 
     # -- trials ----------------------------------------------------------------------------
@@ -212,6 +233,50 @@ class RolloutSession:
         if self._weights_version is not None:
             return self._weights_version()
         return None if self.engine is None else self.engine.weights_version
+
+    def _require_entered(self) -> None:
+        if self._stack is None or self.sessions is None:
+            raise RuntimeError(f"{type(self).__name__} runs trials only inside `async with` it")
+
+    async def execute(
+        self, spec: TrialSpec, *, weights_version: int | None = None
+    ) -> tuple[TrialResult, dict[str, Any] | None]:
+        """Run one trial; its result and its proxy transcript (None without a proxy).
+
+        ``weights_version``: the version the trial starts under, when the caller knows it
+        better than this process's engine does (a remote worker is told the coordinator's).
+        """
+        self._require_entered()
+        sessions = self.sessions
+        assert sessions is not None
+        # the version the trial starts under: the oldest any of its tokens can carry
+        version = self.weights_version() if weights_version is None else weights_version
+        try:
+            result = await run_trial(
+                spec.task,
+                backend=self.backend,
+                agent=self.agent,
+                verifier=self.verifier,
+                session_factory=sessions,
+                trial_id=spec.trial_id,
+                agent_name=self.config.agent.name,
+                run_id=self.run_id,
+                agent_timeout_multiplier=self.config.rollout.agent_timeout_multiplier,
+                group_id=spec.group_id,
+                step=spec.step,
+                capture_diff=spec.capture_diff,
+            )
+        finally:
+            kept = self._transcripts.pop_transcript(spec.trial_id) if self._transcripts else None
+        return attrs.evolve(result, weights_version=version), kept
+
+
+class RolloutSession(Rollout):
+    """A ``Rollout`` that records into the run directory; see the module docstring."""
+
+    def __init__(self, run: RunDir, **kwargs: Any) -> None:
+        super().__init__(run_id=run.id, **kwargs)
+        self.run_dir = run
 
     async def run(
         self, specs: Sequence[TrialSpec], *, label: str | None = None
@@ -248,42 +313,28 @@ class RolloutSession:
         """Run one spec and record it (or read back its record); see ``TrialRunner``."""
         self._require_entered()
         if self.run_dir.has_trial(spec.trial_id):
-            return self.run_dir.trial(spec.trial_id)
+            return await asyncio.to_thread(self.run_dir.trial, spec.trial_id)
         return await self._job(spec)()
 
-    def _require_entered(self) -> None:
-        if self._stack is None or self.sessions is None:
-            raise RuntimeError("RolloutSession runs trials only inside `async with` it")
-
     def _job(self, spec: TrialSpec):
-        sessions = self.sessions
-        if sessions is None:
-            raise RuntimeError("RolloutSession.run is for inside `async with RolloutSession(...)`")
-
         async def job() -> TrialResult:
-            # the version the trial starts under: the oldest any of its tokens can carry
-            version = self.weights_version()
-            result = await run_trial(
-                spec.task,
-                backend=self.backend,
-                agent=self.agent,
-                verifier=self.verifier,
-                session_factory=sessions,
-                trial_id=spec.trial_id,
-                agent_name=self.config.agent.name,
-                run_id=self.run_dir.id,
-                agent_timeout_multiplier=self.config.rollout.agent_timeout_multiplier,
-                group_id=spec.group_id,
-                step=spec.step,
-                capture_diff=spec.capture_diff,
-            )
-            return self.record(attrs.evolve(result, weights_version=version))
+            result, transcript = await self.execute(spec)
+            return await self.record(result, transcript=transcript)
 
         return job
 
-    def record(self, result: TrialResult) -> TrialResult:
-        """A finished trial: written once to the run directory, logged, announced."""
-        self.run_dir.write_trial(result)
+    async def record(
+        self, result: TrialResult, *, transcript: Mapping[str, Any] | None = None
+    ) -> TrialResult:
+        """A finished trial: written once to the run directory (its proxy transcript
+        first, the trial's record last), logged, announced.
+
+        The writes (encode a trajectory of tens of thousands of tokens, fsync) run in a
+        thread: the proxy serving the other trials shares this event loop.
+        """
+        if transcript is not None:
+            await asyncio.to_thread(write_transcript, self.run_dir.path / "trials", transcript)
+        await asyncio.to_thread(self.run_dir.write_trial, result)
         log.info(
             "trial done",
             trial_id=result.trial_id,
@@ -305,12 +356,14 @@ class RolloutSession:
         """End a session from ``open_session`` and record its trajectory, without reward."""
         assert self._transcripts is not None
         trajectory = await self._transcripts.close(session)
-        return self.record(
-            TrialResult(
+        transcript = self._transcripts.pop_transcript(session.trial_id)
+        return await self.record(
+            transcript=transcript,
+            result=TrialResult(
                 trial_id=session.trial_id,
                 task_id=task_id,
                 termination=session.termination or TerminationReason.COMPLETED,
                 trajectory=trajectory,
                 weights_version=self.weights_version(),
-            )
+            ),
         )

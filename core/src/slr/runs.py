@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from slr.contracts import TrialResult, from_dict, to_dict
+from slr.contracts import TrialResult
+from slr.contracts.serialize import decode, encode
 from slr.errors import UsageError
 
 
@@ -129,11 +130,15 @@ class RunDir:
         self._append(self.EVENTS, {"event": event, "time": now, **fields})
 
     def write_trial(self, trial: TrialResult) -> Path:
-        """Record a trial. Recording the same trial id twice is a bug and raises."""
+        """Record a trial. Recording the same trial id twice is a bug and raises.
+
+        It blocks (encode, write, fsync): code on an event loop calls it in a thread, as
+        ``RolloutSession.record`` does.
+        """
         path = self.path / "trials" / f"{trial.trial_id}.json"
         if path.exists():
             raise FileExistsError(f"trial {trial.trial_id} is already recorded at {path}")
-        atomic_write(path, json.dumps(to_dict(trial), sort_keys=True))
+        atomic_write(path, encode(trial))
         return path
 
     def sync(self) -> None:
@@ -168,8 +173,8 @@ class RunDir:
     def trial(self, trial_id: str) -> TrialResult:
         """The record of one trial (``FileNotFoundError`` if it has none)."""
         path = self.path / "trials" / f"{trial_id}.json"
-        return from_dict(json.loads(path.read_text()), TrialResult)
+        return decode(path.read_bytes(), TrialResult)
 
     def trials(self) -> Iterator[TrialResult]:
         for p in sorted((self.path / "trials").glob("*.json")):
-            yield from_dict(json.loads(p.read_text()), TrialResult)
+            yield decode(p.read_bytes(), TrialResult)

@@ -41,6 +41,7 @@ def train(config: Config | None, *, resume: Path | None = None) -> RunDir:
         status = "interrupted"
         raise
     finally:
+        loop.close()
         run.append_event("finished", status=status)
         run.close()
         emit(plugins, "on_run_finished", run_dir=run, status=status)

@@ -87,7 +87,8 @@ class RunSection:
         None,
         doc="The Ray cluster to run on: 'auto' (the one joined with `ray start`), "
         "'host:port', 'ray://host:port', or 'local' (a private Ray on this machine). "
-        "Unset: a local Ray starts only when the run needs one (engine_replicas >= 1).",
+        "Unset: a local Ray starts only when the run needs one (engine_replicas, "
+        "rollout_workers >= 1, or trainer_resources set).",
         validator=_ray_address,
     )
     engine_replicas: int = option(
@@ -101,6 +102,28 @@ class RunSection:
         doc="Ray resources each engine replica asks for, e.g. {CPU = 1}, {GPU = 1} or a "
         "custom node resource {engine = 1}; used when engine_replicas >= 1.",
         validator=_resources,
+    )
+    rollout_workers: int = option(
+        0,
+        doc="Rollout workers, each a Ray actor in its own process with its own sandboxes, "
+        "agent, verifier and a node-local proxy in front of the engine replicas; trials go "
+        "to the least-loaded worker, and the driver alone records them. 0: trials run in "
+        "the driver process.",
+        validator=validators.ge(0),
+    )
+    worker_resources: dict[str, float] = option(
+        factory=lambda: {"CPU": 1.0},
+        doc="Ray resources each rollout worker asks for, e.g. {CPU = 1} or a custom node "
+        "resource {sandbox = 1} that places workers on sandbox nodes; used when "
+        "rollout_workers >= 1.",
+        validator=_resources,
+    )
+    trainer_resources: dict[str, float] | None = option(
+        None,
+        doc="Ray resources of the trainer, e.g. {GPU = 1}: the optimizer is built in a Ray "
+        "actor placed by them, and its weights reach the engine replicas through Ray's "
+        "object store. Unset: the optimizer runs in the driver process.",
+        validator=validators.optional(_resources),
     )
 
 

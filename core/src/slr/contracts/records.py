@@ -9,6 +9,7 @@ import attrs
 from attrs import field, frozen, validators
 
 FinishReason = Literal["stop", "length", "abort"]
+BranchKind = Literal["fork", "rewrite"]
 
 
 class TerminationReason(enum.StrEnum):
@@ -23,6 +24,7 @@ class TerminationReason(enum.StrEnum):
     SANDBOX_ERROR = "sandbox_error"
     ENGINE_ERROR = "engine_error"
     BROKEN_TASK = "broken_task"
+    WORKER_LOST = "worker_lost"  # the rollout worker running it died; the trial is re-run
 
     @property
     def is_infrastructure_failure(self) -> bool:
@@ -36,6 +38,7 @@ _INFRA = frozenset(
         TerminationReason.SANDBOX_ERROR,
         TerminationReason.ENGINE_ERROR,
         TerminationReason.BROKEN_TASK,
+        TerminationReason.WORKER_LOST,
     }
 )
 
@@ -147,23 +150,73 @@ class Segment:
     logprobs: tuple[float, ...] = field(converter=tuple, validator=_same_length_as("token_ids"))
     routed_experts: Any | None = None
     weights_versions: tuple[int, ...] = field(default=(), converter=tuple)
+    # Lineage (absent in records written before it: a root). ``parent`` is the index, in its
+    # trajectory, of the earlier segment this one shares the longest token prefix with;
+    # ``token_ids[:branch_at]`` equals the parent's. ``branch`` says how the proxy judged it:
+    # "fork" (the parent kept being extended: a sub-agent or side conversation) or
+    # "rewrite" (the parent was never extended again: compaction, an edited history).
+    parent: int | None = field(default=None, validator=validators.optional(validators.ge(0)))
+    branch_at: int = field(default=0, validator=validators.ge(0))
+    branch: BranchKind | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.parent is None and (self.branch_at or self.branch is not None):
+            raise ValueError(
+                f"Segment has branch_at={self.branch_at} / branch={self.branch!r} but no "
+                "parent; a root segment has branch_at 0 and no branch"
+            )
+        if self.branch_at > len(self.token_ids):
+            raise ValueError(
+                f"Segment.branch_at is {self.branch_at} but the segment has only "
+                f"{len(self.token_ids)} tokens; it must point inside the segment"
+            )
 
     @property
     def num_policy_tokens(self) -> int:
         return sum(self.loss_mask)
 
 
+def _parents_come_first(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    for i, seg in enumerate(value):
+        if seg.parent is not None and seg.parent >= i:
+            raise ValueError(
+                f"Trajectory.segments[{i}].parent is {seg.parent}: a segment's parent must be "
+                "an earlier segment of the same trajectory"
+            )
+
+
 @frozen(kw_only=True)
 class Trajectory:
-    """Everything one session generated. A history rewrite starts a new segment."""
+    """Everything one session generated, as a tree of segments.
+
+    A request that extends no recorded conversation starts a new segment; its ``parent`` is
+    the segment it shares the longest token prefix with (see ``Segment``).
+    """
 
     session_id: str
-    segments: tuple[Segment, ...] = field(default=(), converter=tuple)
+    segments: tuple[Segment, ...] = field(
+        default=(), converter=tuple, validator=_parents_come_first
+    )
     num_calls: int = 0
 
     @property
     def num_policy_tokens(self) -> int:
         return sum(s.num_policy_tokens for s in self.segments)
+
+    @property
+    def num_branches(self) -> int:
+        """Segments that branched off an earlier one (every segment but the roots)."""
+        return sum(s.parent is not None for s in self.segments)
+
+    @property
+    def num_forks(self) -> int:
+        """Branches whose parent stayed live: sub-agents and side conversations."""
+        return sum(s.branch == "fork" for s in self.segments)
+
+    @property
+    def num_rewrites(self) -> int:
+        """Branches that replaced their parent: compactions and edited histories."""
+        return sum(s.branch == "rewrite" for s in self.segments)
 
 
 @frozen(kw_only=True)

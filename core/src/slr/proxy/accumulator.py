@@ -12,9 +12,17 @@ the newline after ``<|im_end|>``), then the new turns and the generation prompt.
 therefore sees, byte for byte, the prefix it saw before.
 
 Any other request (compaction, an edited or dropped turn, a changed tool list, or a side
-conversation such as a title request) starts a new segment from the whole rendered prompt.
-With ``on_history_rewrite = "recompute"`` the new segment still reuses the recorded ids of
-the longest unchanged run of leading messages, as context (mask 0), and renders only the rest.
+conversation such as a title request) starts a new segment from the whole rendered prompt,
+unless that prompt's ids start with every id of a recorded segment: then it extends that one
+(the engine sees the same prefix either way). With ``on_history_rewrite = "recompute"`` the
+new segment still reuses the recorded ids of the longest unchanged run of leading messages,
+as context (mask 0), and renders only the rest.
+
+Segments form a tree (lineage). A new segment's parent is the recorded segment it shares the
+longest token prefix with, and ``branch_at`` is that prefix's length. Whether a branch was a
+fork or a rewrite is only known later, from what the agent did next: if the parent is
+extended again after the branch started, two conversations were live at once (a sub-agent,
+a side request); if it never is, the branch replaced it (compaction, an edited history).
 """
 
 from __future__ import annotations
@@ -22,9 +30,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from attrs import define, field, frozen
+from attrs import define, evolve, field, frozen
 
 from slr.contracts import Generation, Segment
+from slr.contracts.records import BranchKind
 from slr.proxy.messages import Message, Tool, tools_key
 from slr.proxy.render import Renderer
 
@@ -42,14 +51,28 @@ class SegmentState:
     boundaries: list[tuple[int, int]] = field(factory=list)
     closing: str = ""
     calls: int = 0
+    parent: SegmentState | None = None
+    branch_at: int = 0
+    first_call: int = 0  # the session's call numbers of this segment's first and last calls
+    last_call: int = 0
 
-    def freeze(self) -> Segment:
+    @property
+    def branch(self) -> BranchKind | None:
+        """How this segment left its parent, judged from what the agent did afterwards."""
+        if self.parent is None:
+            return None
+        return "fork" if self.parent.last_call > self.first_call else "rewrite"
+
+    def freeze(self, parent: int | None = None) -> Segment:
         return Segment(
             token_ids=self.ids,
             loss_mask=self.mask,
             logprobs=self.logprobs,
             routed_experts=self.routing if any(r is not None for r in self.routing) else None,
             weights_versions=self.versions,
+            parent=parent,
+            branch_at=self.branch_at if parent is not None else 0,
+            branch=self.branch if parent is not None else None,
         )
 
 
@@ -64,6 +87,10 @@ class Prepared:
     segment: SegmentState | None  # None: a new segment
     base: tuple[list[int], list[int], list[float], list[int]] | None = None  # recompute reuse
     mode: Literal["extend", "new", "reuse"] = "new"
+    # a new segment's lineage: the segment it shares the longest token prefix with, and
+    # that prefix's length
+    parent: SegmentState | None = None
+    branch_at: int = 0
 
 
 class Accumulator:
@@ -101,11 +128,31 @@ class Accumulator:
         if self.on_rewrite == "recompute":
             reused = self._reuse(messages, tools, tkey, keys)
             if reused is not None:
-                return reused
-        ids = self.renderer.encode(self.renderer.render(messages, tools, generation_prompt=True))
-        return Prepared(
-            prompt_ids=tuple(ids), new_ids=tuple(ids), messages=messages, tools=tools, segment=None
+                return self._with_lineage(reused)
+        ids = tuple(
+            self.renderer.encode(self.renderer.render(messages, tools, generation_prompt=True))
         )
+        fresh = Prepared(prompt_ids=ids, new_ids=ids, messages=messages, tools=tools, segment=None)
+        fresh = self._with_lineage(fresh)
+        parent = fresh.parent
+        if parent is not None and fresh.branch_at == len(parent.ids) < len(ids):
+            # The rendered prompt starts with all of a recorded segment's ids (its messages
+            # differ only in ways the template does not show): extend that one.
+            return evolve(
+                fresh, new_ids=ids[len(parent.ids) :], segment=parent, mode="extend", parent=None
+            )
+        return fresh
+
+    def _with_lineage(self, prepared: Prepared) -> Prepared:
+        """``prepared`` with the parent it would have as a new segment (if any)."""
+        best: SegmentState | None = None
+        best_n = 0
+        for seg in self.segments:
+            n = common_prefix_length(seg.ids, prepared.prompt_ids)
+            # ties go to the segment used most recently: the conversation the agent was in
+            if n > best_n or (n == best_n and n and best and seg.last_call > best.last_call):
+                best, best_n = seg, n
+        return evolve(prepared, parent=best, branch_at=best_n)
 
     def _reuse(self, messages, tools, tkey, keys) -> Prepared | None:
         """Longest recorded run of leading messages that ends with a policy turn, as context."""
@@ -140,14 +187,21 @@ class Accumulator:
     def commit(self, prepared: Prepared, gen: Generation, reply: Message) -> SegmentState:
         """Record one answered call. Only ever appends to a segment."""
         seg = prepared.segment
+        if seg is not None and len(seg.ids) + len(prepared.new_ids) != len(prepared.prompt_ids):
+            raise RuntimeError("segment changed while a call on it was in flight")
+        self.calls += 1
         if seg is None:
-            seg = SegmentState(index=len(self.segments), tools_key=tools_key(prepared.tools))
+            seg = SegmentState(
+                index=len(self.segments),
+                tools_key=tools_key(prepared.tools),
+                parent=prepared.parent,
+                branch_at=prepared.branch_at,
+                first_call=self.calls,
+            )
             if prepared.base is not None:
                 ids, mask, lps, versions = prepared.base
                 seg.ids, seg.mask, seg.logprobs, seg.versions = ids, mask, lps, versions
             self.segments.append(seg)
-        elif len(seg.ids) + len(prepared.new_ids) != len(prepared.prompt_ids):
-            raise RuntimeError("segment changed while a call on it was in flight")
         n_new, n_gen = len(prepared.new_ids), len(gen.token_ids)
         seg.ids += [*prepared.new_ids, *gen.token_ids]
         seg.mask += [0] * n_new + [1] * n_gen
@@ -156,11 +210,25 @@ class Accumulator:
         seg.versions += [gen.weights_version] * n_new + list(gen.weights_versions)
         seg.routing.append(gen.routed_experts)
         seg.messages = [*prepared.messages, reply]
+        seg.tools_key = tools_key(prepared.tools)  # a token-prefix extension may change it
         seg.boundaries.append((len(seg.messages), len(seg.ids)))
         seg.closing = self.renderer.closing(gen.token_ids)
         seg.calls += 1
-        self.calls += 1
+        seg.last_call = self.calls
         return seg
 
     def segments_frozen(self) -> list[Segment]:
-        return [s.freeze() for s in self.segments if s.ids]
+        """The segments as records; a parent is named by its index in this list."""
+        index = {id(s): i for i, s in enumerate(self.segments)}
+        return [s.freeze(None if s.parent is None else index[id(s.parent)]) for s in self.segments]
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int], block: int = 1024) -> int:
+    """Length of the longest common prefix of two id sequences (block compares run in C)."""
+    n = min(len(a), len(b))
+    i = 0
+    while i + block <= n and list(a[i : i + block]) == list(b[i : i + block]):
+        i += block
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

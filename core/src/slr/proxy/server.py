@@ -21,7 +21,7 @@ import contextlib
 import json
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,9 +214,12 @@ class Proxy:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.host, self.config.port))
         self.port = sock.getsockname()[1]
+        # log_config=None: uvicorn's records go to the root logger, hence through slr.log,
+        # instead of the handlers its default config would install
         config = uvicorn.Config(
             self.app,
             log_level="warning",
+            log_config=None,
             access_log=False,
             lifespan="off",
             timeout_keep_alive=30,
@@ -269,12 +272,10 @@ class Proxy:
             forget(state.engine_id)
         return state.trajectory()
 
-    def write_transcript(self, session: Session, folder: Path) -> Path:
-        """Write ``<folder>/<trial_id>/proxy.json``: each call's decoded text, for people
-        (and for ``slr export``)."""
+    def transcript(self, session: Session) -> dict[str, Any]:
+        """The session's readable transcript (each call's decoded text, for people)."""
         state = session._state
-        path = Path(folder) / session.trial_id / TRANSCRIPT
-        doc = {
+        return {
             "trial_id": session.trial_id,
             "termination": state.termination,
             "segments": [
@@ -285,8 +286,18 @@ class Proxy:
             "messages": [m.as_openai() for m in state.conversation],
             "tools": [t.as_openai() for t in state.tools],
         }
-        atomic_write(path, json.dumps(doc, indent=2, ensure_ascii=False, default=str))
-        return path
+
+    def write_transcript(self, session: Session, folder: Path) -> Path:
+        """Write the session's transcript to ``<folder>/<trial_id>/proxy.json``."""
+        return write_transcript(folder, self.transcript(session))
+
+
+def write_transcript(folder: Path, transcript: Mapping[str, Any]) -> Path:
+    """``<folder>/<trial_id>/proxy.json``: the one place a transcript's file is named and
+    written (by the proxy's own process, or by the coordinator for a remote worker's)."""
+    path = Path(folder) / str(transcript["trial_id"]) / TRANSCRIPT
+    atomic_write(path, json.dumps(transcript, indent=2, ensure_ascii=False, default=str))
+    return path
 
 
 class ProxySessions:
@@ -305,11 +316,15 @@ class ProxySessions:
         protocol: str,
         model: str | None = None,
         transcripts: Path | None = None,
+        keep_transcripts: bool = False,
     ) -> None:
         self.proxy = proxy
         self.protocol = protocol
         self.model = model or (proxy.model_names[0] if proxy.model_names else "policy")
         self.transcripts = transcripts
+        # a remote rollout worker writes nothing: it keeps each transcript for its caller
+        self.keep_transcripts = keep_transcripts
+        self._kept: dict[str, dict[str, Any]] = {}
 
     async def open(self, trial_id: str) -> tuple[Endpoint, Session]:
         session = self.proxy.open_session(trial_id)
@@ -321,9 +336,15 @@ class ProxySessions:
 
     async def close(self, handle: Session) -> Trajectory:
         trajectory = self.proxy.close_session(handle)
-        if self.transcripts is not None:
+        if self.keep_transcripts:
+            self._kept[handle.trial_id] = self.proxy.transcript(handle)
+        elif self.transcripts is not None:
             self.proxy.write_transcript(handle, self.transcripts)
         return trajectory
+
+    def pop_transcript(self, trial_id: str) -> dict[str, Any] | None:
+        """The kept transcript of a closed session (``keep_transcripts``), handed over once."""
+        return self._kept.pop(trial_id, None)
 
 
 class ProxyThread:

@@ -366,6 +366,11 @@ class Completer:
                 "api": req.api,
                 "segment": seg.index,
                 "mode": prepared.mode,
+                **(
+                    {"parent": seg.parent.index, "branch_at": seg.branch_at}
+                    if prepared.segment is None and seg.parent is not None
+                    else {}
+                ),
                 "prompt_tokens": len(prepared.prompt_ids),
                 "new_prompt_tokens": len(prepared.new_ids),
                 "new_prompt_text": self.renderer.decode(prepared.new_ids),

@@ -14,6 +14,11 @@ record and are raised again, as the same type, on the driver's side; a replica t
 move the session. A stream's chunks come through a Ray streaming generator; a consumer that
 stops cancels the actor's task, which closes the engine's stream at its next token boundary.
 
+Other processes reach the same replicas: ``replica_handles`` gives each replica's actor
+handle and description (plain data that Ray sends anywhere), and ``attach_replicas`` builds
+a balancer over them in another process (a rollout worker's node-local proxy) that does not
+own them: closing it ends no replica, and the driver's balancer alone publishes weights.
+
 Weights: ``update_weights`` on the balancer puts the state dict into Ray's object store once
 (the balancer's ``publish`` step) and every replica receives that one reference. A replica
 that Ray restarts after a crash starts from the model folder; before it is admitted again
@@ -153,12 +158,22 @@ class EngineActor:
         await self.engine.close()
 
 
+@frozen(kw_only=True)
+class ReplicaHandle:
+    """One engine replica as plain data: what another process needs to reach it."""
+
+    name: str
+    actor: Any  # the Ray actor handle
+    info: Mapping[str, Any]  # what ``EngineActor.describe`` answered
+
+
 class RayEngine:
     """Implements ``slr.contracts.Engine`` for one ``EngineActor``.
 
     ``tokenizer`` and ``max_context`` are read once when the replica starts;
     ``weights_version`` follows the versions the replica reports (with each update and in
-    every chunk), so none of the three costs a round trip.
+    every chunk), so none of the three costs a round trip. ``owner``: closing it ends the
+    actor (the driver's replicas); a rollout worker's view of a replica is not the owner.
     """
 
     def __init__(
@@ -168,9 +183,12 @@ class RayEngine:
         *,
         name: str,
         connection: cluster.Connection | None = None,
+        owner: bool = True,
     ) -> None:
         self.actor = actor
         self.name = name
+        self.info = dict(info)
+        self.owner = owner
         self.node_id: str = info["node_id"]
         self.pid: int = info["pid"]
         self._tokenizer = info["tokenizer"]
@@ -294,6 +312,8 @@ class RayEngine:
         if self._closed:
             return
         self._closed = True
+        if not self.owner:
+            return
         try:
             await asyncio.wait_for(self.actor.close.remote(), 60)
         except (RayError, TimeoutError):
@@ -320,9 +340,16 @@ def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
     }
 
 
-def check_placeable(resources: Mapping[str, float], replicas: int) -> None:
-    """Fail at once, naming the resource, when the cluster can never hold the replicas
-    (Ray itself would wait forever for an infeasible actor)."""
+def check_placeable(
+    resources: Mapping[str, float],
+    replicas: int,
+    *,
+    what: str = "run.engine_resources",
+    count_key: str | None = "engine_replicas",
+) -> None:
+    """Fail at once, naming the resource, when the cluster can never hold ``replicas``
+    actors asking ``resources`` each (Ray itself would wait forever for an infeasible
+    actor). ``what`` / ``count_key``: the config keys the message names."""
     import ray
 
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
@@ -331,10 +358,11 @@ def check_placeable(resources: Mapping[str, float], replicas: int) -> None:
         total = sum(int(capacity // amount) if amount else replicas for capacity in per_node)
         if total < replicas:
             have = ", ".join(f"{c:g}" for c in sorted(per_node, reverse=True)) or "no nodes"
+            lower = f"lower run.{count_key}, " if count_key else ""
             raise UsageError(
-                f"run.engine_resources asks {key} = {amount:g} for each of "
-                f"{replicas} engine replica(s), but the Ray cluster's nodes have {key}: "
-                f"{have}; lower run.engine_replicas, change run.engine_resources, or add nodes"
+                f"{what} asks {key} = {amount:g} for each of {replicas} "
+                f"{(count_key or 'actor').replace('_', ' ')}, but the Ray cluster's nodes "
+                f"have {key}: {have}; {lower}change {what}, or add nodes"
             )
 
 
@@ -404,8 +432,34 @@ def start_engine_replicas(
     )
 
 
-def share_weights(state_dict: Mapping[str, Any]) -> Any:
-    """The state dict in Ray's object store, once: every replica receives this reference."""
+def share_weights(state_dict: Any) -> Any:
+    """The state dict in Ray's object store, once: every replica receives this reference.
+    A reference already (a remote trainer's export) is passed on as it is."""
     import ray
 
+    if isinstance(state_dict, ray.ObjectRef):
+        return state_dict
     return ray.put(dict(state_dict))
+
+
+def replica_handles(engine: Any) -> list[ReplicaHandle]:
+    """The Ray replicas behind ``engine`` (a balancer from ``start_engine_replicas``), as
+    plain data for another process; empty when the engine is not made of Ray replicas."""
+    replicas = getattr(engine, "replicas", None)
+    if not isinstance(engine, LoadBalancer) or replicas is None:
+        return []
+    return [
+        ReplicaHandle(
+            name=name, actor=e.actor, info={**e.info, "weights_version": e.weights_version}
+        )
+        for name, e in replicas
+        if isinstance(e, RayEngine)
+    ]
+
+
+def attach_replicas(
+    handles: Sequence[ReplicaHandle], *, probe_interval_s: float | None = 10.0
+) -> LoadBalancer:
+    """A balancer over replicas another process started (it does not own them)."""
+    engines = [RayEngine(h.actor, h.info, name=h.name, owner=False) for h in handles]
+    return LoadBalancer(engines, names=[h.name for h in handles], probe_interval_s=probe_interval_s)

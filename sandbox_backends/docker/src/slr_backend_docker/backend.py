@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import os
 import re
 import socket
@@ -36,22 +37,66 @@ LABEL_HASH = "slr.content_hash"
 LINK_MOUNT = "/run/slr"
 
 
+# One path component of an image reference, as the daemon parses it: lowercase letters and
+# digits, joined by a single "." or "_", a double "__", or a run of "-". Nothing else ("-_",
+# "..", a leading or trailing separator) is accepted.
+_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_SLUG_MAX = 100  # a repository name may be 255 characters; the prefix and the hash need room
+
+
 def _repo_name(prefix: str, task_id: str) -> str:
-    return f"{prefix}-" + (re.sub(r"[^a-z0-9._-]+", "-", task_id.lower()).strip("-._") or "task")
+    """The image repository for a task: ``<prefix>-<task id>``, valid for any task id.
+
+    An id that is already a valid component (``django__django-11099``) is kept as it is; any
+    other is reduced to letters, digits and ``-`` and gets a short hash of the original, so
+    two ids that differ only in the characters dropped still name different images.
+    """
+    slug = task_id.lower()
+    if _COMPONENT.fullmatch(slug) and len(slug) <= _SLUG_MAX:
+        return f"{prefix}-{slug}"
+    digest = hashlib.sha256(task_id.encode()).hexdigest()[:10]
+    slug = re.sub(r"[^a-z0-9]+", "-", slug)[:_SLUG_MAX].strip("-")
+    return f"{prefix}-{slug}-{digest}" if slug else f"{prefix}-{digest}"
+
+
+# The SDK blocks, and a sandbox can hold several threads at the same moment: a command's
+# output stream for its whole run, the exec that kills it when it times out, and a file
+# transfer or state check beside them. Threads start only when needed, so the bound costs
+# nothing while unused.
+THREADS_PER_SANDBOX = 3
+MIN_THREADS = 32
+
+
+def thread_count(sandboxes: int) -> int:
+    """Threads for ``sandboxes`` live at once, so no call ever waits for another's thread."""
+    return max(MIN_THREADS, THREADS_PER_SANDBOX * sandboxes)
 
 
 class DockerBackend:
-    """``SandboxBackend`` on a docker daemon (local socket or ``DOCKER_HOST``)."""
+    """``SandboxBackend`` on a docker daemon (local socket or ``DOCKER_HOST``).
 
-    def __init__(self, config: DockerBackendConfig | None = None) -> None:
+    ``sandboxes`` is how many sandboxes the caller keeps alive at once (a run's
+    ``[rollout] concurrency`` plus its ``pool_size``: ``from_config``); the backend's thread
+    pool is sized to it, so a timed-out command's kill never queues behind other trials'
+    running commands.
+    """
+
+    def __init__(self, config: DockerBackendConfig | None = None, *, sandboxes: int = 16) -> None:
         self.config = config or DockerBackendConfig()
         self._client: Any = None
-        # The SDK blocks; each exec holds a thread for its whole run, so the default
-        # executor (cores + 4) would starve eight concurrent agents.
-        self._pool = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="slr-docker")
+        self.threads = thread_count(sandboxes)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.threads, thread_name_prefix="slr-docker"
+        )
         # per event loop: an asyncio.Lock belongs to the loop that first waits on it
         self._build_locks: dict[tuple[int, str], asyncio.Lock] = {}
         self._build_failures: dict[str, BrokenEnvironment] = {}
+
+    @classmethod
+    def from_config(cls, config: Any) -> DockerBackend:
+        """The backend of a run: ``[backend]`` options, sized to ``[rollout]``."""
+        rollout = config.rollout
+        return cls(config.backend.options, sandboxes=rollout.concurrency + rollout.pool_size)
 
     @property
     def client(self) -> Any:

@@ -83,6 +83,14 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self.id[:12]} is gone: {exc}") from exc
         except docker.errors.DockerException as exc:
             raise SandboxError(f"sandbox {self.id[:12]}: docker error: {exc}") from exc
+        except ValueError as exc:
+            # docker-py's stream reader raises a bare ValueError ("58 is not a valid stream")
+            # when the daemon's multiplexed output is not what it expects: a broken
+            # connection, not a bad argument of ours.
+            raise SandboxError(
+                f"sandbox {self.id[:12]}: the docker SDK could not read the daemon's answer "
+                f"to {getattr(fn, '__name__', fn)!s}: {exc}"
+            ) from exc
 
     # -- exec ----------------------------------------------------------------------------
 

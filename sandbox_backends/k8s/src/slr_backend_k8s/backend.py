@@ -42,19 +42,21 @@ from slr_backend_k8s.podspec import (
     SANDBOX_KIND,
     label_value,
     network_policy,
+    owner_labels,
     pod_labels,
     pod_manifest,
     pod_name,
     process_start_time,
 )
 from slr_backend_k8s.sandbox import K8sSandbox, PodAccess
+from slr_backend_k8s.watch import PodWatch
 
 log = structlog.get_logger()
 
 # Container states that will not fix themselves: fail the start at once, not at the timeout.
 _IMAGE_REASONS = {"ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
 _FATAL_REASONS = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
-_POLL_S = 0.2
+_RELAY_POLL_S = 0.2  # the pod runs; its relay's "ready" line is only in its log
 
 
 class K8sBackend:
@@ -73,6 +75,14 @@ class K8sBackend:
         self._slots = threading.BoundedSemaphore(self.config.max_concurrent_pods)
         self._live: dict[str, K8sSandbox] = {}
         self._live_lock = threading.Lock()
+        # every pod this process starts, watched by its owner labels (slr_backend_k8s.watch)
+        owner = owner_labels()
+        self.watch = PodWatch(
+            lambda: self.api.core,
+            namespace=self.config.namespace,
+            selector=",".join(f"{k}={owner[k]}" for k in (SANDBOX, OWNER_HOST, OWNER_PID)),
+            fallback_s=self.config.watch_fallback_s,
+        )
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -140,6 +150,7 @@ class K8sBackend:
             if link is not None:
                 link.remove()
             raise SandboxError(f"cannot prepare pod {name} for task {task.id}: {exc}") from exc
+        self.watch.start()
         job = self.pool.submit(self._create_and_wait, name, manifest, image, task)
         try:
             pod = await asyncio.shield(asyncio.wrap_future(job))
@@ -210,18 +221,28 @@ class K8sBackend:
             raise explain(exc, f"creating pod {name}", api=self.api, namespace=ns) from exc
         started = time.monotonic()
         deadline = started + self.config.pod_start_timeout_s
-        pod = None
-        while time.monotonic() < deadline:
-            try:
-                pod = core.read_namespaced_pod(name, ns, _request_timeout=REQUEST_TIMEOUT)
-            except Exception as exc:
-                raise explain(exc, f"waiting for pod {name}", api=self.api, namespace=ns) from exc
-            if pod.status.phase == "Running" and _container_running(pod):
-                if not self.loopback or self._relay_ready(name):
-                    log.debug("pod ready", pod=name, seconds=round(time.monotonic() - started, 2))
-                    return pod
+        watch = self.watch
+        pod, rev, running = None, 0, False
+        while (left := deadline - time.monotonic()) > 0:
+            # Running but the relay not listening yet: its log has no event, look again soon.
+            changed, seen, rev = watch.wait(name, rev, _RELAY_POLL_S if running else left)
+            if changed and seen is not None:
+                pod = seen
+            elif changed or not running:
+                # deleted (reads as 404: PodGone), or no news within the fallback bound
+                # (the watch may be down): read the pod itself
+                try:
+                    pod = core.read_namespaced_pod(name, ns, _request_timeout=REQUEST_TIMEOUT)
+                except Exception as exc:
+                    raise explain(
+                        exc, f"waiting for pod {name}", api=self.api, namespace=ns
+                    ) from exc
+            assert pod is not None  # seen or read above; only a running pod skips both
+            running = pod.status.phase == "Running" and _container_running(pod)
+            if running and (not self.loopback or self._relay_ready(name)):
+                log.debug("pod ready", pod=name, seconds=round(time.monotonic() - started, 2))
+                return pod
             self._fail_fast(pod, image, task)
-            time.sleep(_POLL_S)
         raise PodStartTimeout(
             f"pod {name} for task {task.id} was not running after "
             f"backend.pod_start_timeout_s = {self.config.pod_start_timeout_s:g}s "
@@ -375,6 +396,7 @@ class K8sBackend:
 
     def _delete(self, name: str) -> None:
         ns = self.config.namespace
+        self.watch.forget(name)
         for attempt in range(3):
             try:
                 self.api.core.delete_namespaced_pod(
@@ -485,6 +507,7 @@ class K8sBackend:
             except SandboxError as exc:
                 log.warning("could not stop a sandbox at close", pod=sandbox.name, error=str(exc))
         await self.images.close()
+        self.watch.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self._api is not None:
             self._api.close()

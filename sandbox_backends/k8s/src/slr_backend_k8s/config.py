@@ -63,6 +63,12 @@ class K8sBackendConfig:
         "pull, start). Separate from the agent's timeout: running past it is a sandbox_error.",
         validator=validators.gt(0.0),
     )
+    watch_fallback_s: float = option(
+        2.0,
+        doc="A starting pod is followed by one watch over this process's pods; with no event "
+        "about it for this many seconds (a watch that broke), the pod is read directly.",
+        validator=validators.gt(0.0),
+    )
     active_deadline_s: int = option(
         0,
         doc="activeDeadlineSeconds of each pod: Kubernetes kills it after this even if slr "

@@ -1,0 +1,168 @@
+"""Docker backend edge cases: image names for any task id, SDK stream errors.
+
+The name checks ask the real daemon (it is the judge of what a valid reference is); the
+stream check runs a real exec in a real container and has the SDK's own demultiplexer fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from slr_backend_docker import DockerBackendConfig
+from slr_backend_docker.backend import (
+    _COMPONENT,
+    MIN_THREADS,
+    THREADS_PER_SANDBOX,
+    DockerBackend,
+    _repo_name,
+)
+from slr_backend_docker.base_image import BASE_TAG
+
+from slr.contracts import SandboxError
+from slr.sandboxing.labels import OWNER_PID, SANDBOX
+
+NASTY_IDS = [
+    "a-_b",  # the colleague's case: "-_" is no separator docker accepts
+    "a_-b",
+    "a..b",
+    "a___b",
+    "_leading",
+    "trailing-",
+    "UPPER_Case-ID",
+    "ünïcödé/task",
+    "owner/repo#1234",
+    "with space:and:colons@sha",
+    "-",
+    "...",
+    "x" * 300,
+    "django__django-11099",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=400))
+def test_every_task_id_gives_a_valid_repository_name(task_id):
+    name = _repo_name("slr-task", task_id)
+    assert _COMPONENT.fullmatch(name), name
+    assert len(name) <= 255
+
+
+def test_valid_ids_keep_their_name_and_lossy_ones_stay_distinct():
+    assert _repo_name("slr-task", "django__django-11099") == "slr-task-django__django-11099"
+    names = {_repo_name("slr-task", i) for i in ("a-_b", "a_-b", "a--b", "a b", "a/b")}
+    assert len(names) == 5
+    # what today's code produced for a valid id is unchanged: cached images stay usable
+    assert _repo_name("slr-task", "calc-1") == "slr-task-calc-1"
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_the_daemon_accepts_the_name_of_every_nasty_task_id():
+    backend = DockerBackend(DockerBackendConfig())
+    api = backend.client.api
+    refused = {}
+    try:
+        for task_id in NASTY_IDS:
+            repo = _repo_name("slr-task", task_id)
+            try:
+                api.tag(BASE_TAG, repo, "test")
+            except Exception as exc:  # the daemon's refusal, whatever its type
+                refused[task_id] = f"{repo}: {exc}"
+            else:
+                api.remove_image(f"{repo}:test", noprune=True)
+    finally:
+        asyncio.run(backend.close())
+    assert refused == {}
+
+
+class _StreamMisread:
+    """The real low-level client, except that reading an exec's output goes wrong the way
+    the colleague saw it: the SDK's own demultiplexer meets a frame whose stream id is 58
+    (``:``, the first byte of something that is not a docker frame). The daemon cannot be
+    made to send such a frame on purpose, so the SDK's function is fed one directly."""
+
+    def __init__(self, api):
+        self._api = api
+
+    def __getattr__(self, name):
+        return getattr(self._api, name)
+
+    def exec_start(self, exec_id, **kwargs):
+        from docker.utils.socket import demux_adaptor
+
+        self._api.exec_start(exec_id, **kwargs)
+        return demux_adaptor(58, b": not a frame")
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_an_sdk_value_error_in_exec_is_a_sandbox_error(example_tasks):
+    async def go():
+        backend = DockerBackend(DockerBackendConfig())
+        sb = await backend.start(example_tasks[0], trial_id="misread", labels={})
+        try:
+            sb._api = _StreamMisread(sb._api)
+            with pytest.raises(SandboxError, match="58 is not a valid stream") as err:
+                await sb.exec("true")
+            assert "could not read the daemon's answer to exec_start" in str(err.value)
+        finally:
+            await sb.stop()
+            left = [
+                c.name
+                for c in backend.client.containers.list(all=True, filters={"label": SANDBOX})
+                if c.labels.get(OWNER_PID) == str(os.getpid())
+            ]
+            await backend.close()
+        assert left == []
+
+    asyncio.run(go())
+
+
+def test_the_thread_pool_is_sized_to_the_runs_sandboxes():
+    from slr.config import load_config
+    from slr.plugins import get_plugin_manager
+
+    cfg = load_config(
+        data={"backend": {"name": "docker"}, "rollout": {"concurrency": 96, "pool_size": 8}},
+        plugins=get_plugin_manager(),
+        only_plugins=("backend",),
+    )
+    backend = DockerBackend.from_config(cfg)
+    assert backend.threads == THREADS_PER_SANDBOX * (96 + 8) > 64  # the old fixed pool
+    assert DockerBackend(DockerBackendConfig(), sandboxes=1).threads == MIN_THREADS
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sandboxes", [4])
+def test_timed_out_commands_are_killed_while_every_other_command_runs(
+    example_tasks, monkeypatch, sandboxes
+):
+    """As many commands as the pool was sized for run at once and all time out: each kill
+    gets a thread of its own. (With a pool of one thread per command, as the fixed 64 threads
+    were for 64 trials, the kills queue behind the very commands they should end: measured,
+    the four 1 s timeouts took 61 s, the commands' own end.)"""
+    monkeypatch.setattr("slr_backend_docker.backend.MIN_THREADS", 0)
+
+    async def go():
+        backend = DockerBackend(DockerBackendConfig(), sandboxes=sandboxes)
+        assert backend.threads == THREADS_PER_SANDBOX * sandboxes
+        sb = await backend.start(example_tasks[0], trial_id="many", labels={})
+        try:
+            t = time.monotonic()
+            results = await asyncio.gather(
+                *(sb.exec(["sleep", "60"], timeout_s=1) for _ in range(sandboxes))
+            )
+            return results, time.monotonic() - t
+        finally:
+            await sb.stop()
+            await backend.close()
+
+    results, took = asyncio.run(go())
+    assert all(r.timed_out for r in results)
+    assert took < 30  # a starved kill waits for the 60 s commands to end by themselves
