@@ -18,6 +18,7 @@ What the adapter adds to verl's behaviour, so every parser acts as slr's hermes 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import threading
@@ -336,43 +337,10 @@ class VerlToolParser:
         return "\n".join(f"<tool_response>\n{m.content}\n</tool_response>" for m in results)
 
 
-# The registered factories (``slr_toolparsers_verl.NAMES``), one per name so the plugin's
-# registration stays lazy ("module:attr" strings) and verl is imported only when used.
-def qwen3_coder() -> VerlToolParser:
-    return VerlToolParser(FAMILIES["qwen3_coder"])
-
-
-def qwen3_xml() -> VerlToolParser:
-    return VerlToolParser(FAMILIES["qwen3_xml"])
-
-
-def glm45() -> VerlToolParser:
-    return VerlToolParser(FAMILIES["glm45"])
-
-
-def glm47() -> VerlToolParser:
-    return VerlToolParser(FAMILIES["glm47"])
-
-
-def kimi_k2() -> VerlToolParser:
-    return VerlToolParser(FAMILIES["kimi_k2"])
-
-
-def openai() -> VerlToolParser:
-    return VerlToolParser(FAMILIES["openai"])
-
-
-def minimax_m2() -> VerlToolParser:
-    return VerlToolParser(FAMILIES["minimax_m2"])
-
-
-def seed_oss() -> VerlToolParser:
-    return VerlToolParser(FAMILIES["seed_oss"])
-
-
-def deepseek_v4() -> VerlToolParser:
-    return VerlToolParser(FAMILIES["deepseek_v4"])
-
-
-def gemma4() -> VerlToolParser:
-    return VerlToolParser(FAMILIES["gemma4"])
+def __getattr__(name: str) -> Callable[[], VerlToolParser]:
+    """The registered factories, ``slr_toolparsers_verl.parsers:<name>`` for each name in
+    ``slr_toolparsers_verl.NAMES``: the registration stays lazy ("module:attr" strings) and
+    verl is imported only when a parser is built."""
+    if name in FAMILIES:
+        return functools.partial(VerlToolParser, FAMILIES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
