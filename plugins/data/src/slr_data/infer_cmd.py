@@ -8,20 +8,14 @@ from pathlib import Path
 import click
 
 from slr.errors import UsageError
-from slr_cli.options import config_options, resolve_config
+from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
 
 __all__ = ["infer"]
 
 
 @click.command("infer")
 @config_options
-@click.option(
-    "-p",
-    "--tasks",
-    "tasks_path",
-    type=click.Path(exists=True, path_type=Path),
-    help="Task folder, folder of tasks or .parquet index (shortcut for --set tasks.path=...).",
-)
+@harbor_options
 @click.option(
     "-k",
     "--samples",
@@ -30,7 +24,6 @@ __all__ = ["infer"]
     type=click.IntRange(min=1),
     help="Trials per task (one predictions file per sample when more than 1).",
 )
-@click.option("-j", "-n", "--concurrency", type=click.IntRange(min=1), help="Trials at once.")
 @click.option(
     "--sft",
     is_flag=True,
@@ -65,9 +58,7 @@ def infer(
     engine,
     verifier,
     sets,
-    tasks_path,
     samples,
-    concurrency,
     sft,
     threshold,
     model_name,
@@ -75,6 +66,7 @@ def infer(
     name,
     resume,
     as_json,
+    **harbor,
 ) -> None:
     """Run an agent with a model over tasks, without training; export predictions and SFT data.
 
@@ -97,8 +89,8 @@ def infer(
     from slr_data.infer import Inference, export, output_paths
 
     if resume is not None:
-        given = (config_path, agent, backend, engine, verifier, tasks_path, output, name)
-        if sets or concurrency or samples != 1 or any(v is not None for v in given):
+        given = (config_path, agent, backend, engine, verifier, output, name, *harbor.values())
+        if sets or samples != 1 or any(v is not None for v in given):
             raise UsageError(
                 "--resume finishes an inference with the settings saved in its folder; drop "
                 "the other options except --sft, --threshold and --model-name"
@@ -106,11 +98,7 @@ def infer(
         inference = Inference.resume(resume)
         inference.threshold = threshold
     else:
-        sets = list(sets)
-        if tasks_path is not None:
-            sets.append(f"tasks.path={json.dumps(str(tasks_path))}")
-        if concurrency is not None:
-            sets.append(f"rollout.concurrency={concurrency}")
+        sets = [*sets, *harbor_sets(**harbor)]
         cfg = resolve_config(
             config_path,
             agent,
