@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -118,6 +119,23 @@ def _report(results, title: str, as_json: bool) -> None:
     Console().print(table)
 
 
+def _progress(outcome: Any) -> None:
+    click.echo(f"  {outcome.name}: {'kept' if outcome.task else outcome.reason}", err=True)
+
+
+def _on_backend(name: str, work: Any, label: str, as_json: bool) -> None:
+    """Run ``work(backend)`` on the named backend, close it on every path, report the result."""
+    be = _backend(name, ())
+
+    async def go() -> Any:
+        try:
+            return await work(be)
+        finally:
+            await be.close()
+
+    _report(asyncio.run(go()), label, as_json)
+
+
 @data.command()
 @click.argument("repo", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True)
@@ -133,28 +151,23 @@ def mine(repo, output, rev, max_commits, max_tasks, name, base_image, add_pytest
     """Tasks from REPO's commits that change source and tests (tests really run)."""
     from slr_data.mine import mine as run
 
-    be = _backend(backend, ())
-
-    async def go():
-        try:
-            return await run(
-                repo,
-                output,
-                be,
-                name=name,
-                rev=rev,
-                max_commits=max_commits,
-                max_tasks=max_tasks,
-                base_image=base_image,
-                add_pytest=add_pytest,
-                progress=lambda o: click.echo(
-                    f"  {o.name}: {'kept' if o.task else o.reason}", err=True
-                ),
-            )
-        finally:
-            await be.close()
-
-    _report(asyncio.run(go()), f"mined {repo}", as_json)
+    _on_backend(
+        backend,
+        lambda be: run(
+            repo,
+            output,
+            be,
+            name=name,
+            rev=rev,
+            max_commits=max_commits,
+            max_tasks=max_tasks,
+            base_image=base_image,
+            add_pytest=add_pytest,
+            progress=_progress,
+        ),
+        f"mined {repo}",
+        as_json,
+    )
 
 
 @data.command()
@@ -175,29 +188,24 @@ def synth(
     """SWE-smith-style tasks: mutate REPO's functions, keep what its tests catch."""
     from slr_data.synth import synth as run
 
-    be = _backend(backend, ())
-
-    async def go():
-        try:
-            return await run(
-                repo,
-                output,
-                be,
-                name=name,
-                rev=rev,
-                max_tasks=max_tasks,
-                max_tries=max_tries,
-                seed=seed,
-                base_image=base_image,
-                add_pytest=add_pytest,
-                progress=lambda o: click.echo(
-                    f"  {o.name}: {'kept' if o.task else o.reason}", err=True
-                ),
-            )
-        finally:
-            await be.close()
-
-    _report(asyncio.run(go()), f"synthesised from {repo}", as_json)
+    _on_backend(
+        backend,
+        lambda be: run(
+            repo,
+            output,
+            be,
+            name=name,
+            rev=rev,
+            max_tasks=max_tasks,
+            max_tries=max_tries,
+            seed=seed,
+            base_image=base_image,
+            add_pytest=add_pytest,
+            progress=_progress,
+        ),
+        f"synthesised from {repo}",
+        as_json,
+    )
 
 
 from slr_data.curate_cmds import filter_, index, stats, validate  # noqa: E402
