@@ -1,13 +1,26 @@
-"""Fixed cost per trial (everything but model time), with and without the warm sandbox pool.
+"""Fixed cost per trial (everything but model time): the warm sandbox pool, and agent start-up.
 
-    .venv/bin/python bench/trial_overhead.py --backend local --backend docker [--json]
+    .venv/bin/python bench/trial_overhead.py --backend local --backend docker \\
+        --agent oracle --agent mini-swe-agent [--trials 5] [--json]
 
-Per backend, the model-free ``oracle`` agent on the ``hello-world`` example task, trials run
-one after another (``--trials`` each), pool off and pool on (size 2) alternating in one run
-so load drift hits both alike. Reported from each trial's own ``costs`` record (slr.costs):
-start → agent phase (``sandbox_start``), the whole fixed wall time, and sandbox CPU (pool
-CPU included: a pooled sandbox's meter runs from its creation). Medians; ratios pool/none.
-mini-swe-agent is not measured here yet (it needs an engine behind the proxy).
+Every trial is the ``hello-world`` example task, run one after another; every figure comes
+from the trial's own ``costs`` record (slr.costs): start → agent phase (``sandbox_start``),
+process start → first model call (``agent_startup``), the whole fixed wall time (all but
+model time), and sandbox CPU by phase (pool CPU included: a pooled sandbox's meter runs
+from its creation). The settings of one agent and backend alternate trial by trial in one
+run, so load drift hits them alike. Medians; ratios to the first setting.
+
+Per agent:
+
+- ``oracle`` (no model): no pool vs a warm pool of 2;
+- ``mini-swe-agent``, answered by a scripted endpoint (two replies: write the file, submit;
+  it stands in for the proxy and the engine, so model time is ~0 and what is left is the
+  fixed cost): ``before`` is the adapter as it was (litellm, and the bundle as the earlier
+  recipe built it, without bytecode for the standard library: the cache's
+  ``mini-swe-agent-<version>-py3.12`` folder; the setting is skipped when it is not there),
+  ``litellm`` the same client on today's bundle (bytecode compiled at build), ``after``
+  today's default (client ``requests``: mini's own OpenRouter classes pointed at the
+  endpoint, no litellm import), ``after+pool`` the same from a warm pool.
 """
 
 from __future__ import annotations
@@ -17,88 +30,211 @@ import asyncio
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
-from slr.costs import fixed_wall_s
+from slr.contracts import Endpoint, Trajectory
+from slr.costs import ModelClock, fixed_wall_s
 from slr.plugins import get_plugin_manager
 from slr.sandboxing.pool import SandboxPool
 from slr.tasks import load_task
+from slr.testing.scripted_policy import Reply, ScriptedPolicyStub, ToolCall
 from slr.trial import StandInSessions, bundle_mounts, new_trial_id, run_trial
 
 ROOT = Path(__file__).resolve().parents[1]
+HELLO = "THOUGHT: write the file.\n\n```mswea_bash_command\nprintf 'hello\\n' > hello.txt\n```"
+SUBMIT = "THOUGHT: done.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
 
 
-async def one(backend, task, agent, verifier) -> dict:
+def _terminus(commands: list[str], done: bool) -> str:
+    keys = [{"keystrokes": c, "duration": 0.1} for c in commands]
+    reply = {"analysis": "-", "plan": "-", "commands": keys, "task_complete": done}
+    return json.dumps(reply)
+
+
+_WRITE = "printf 'hello\\n' > hello.txt"
+# What each scaffold is answered: write the file, then end (as the adapter tests script it).
+SCRIPTS = {
+    "claude-code": [
+        Reply(
+            tool_calls=[ToolCall(name="Bash", arguments={"command": _WRITE, "description": "w"})]
+        ),
+        Reply(text="Created hello.txt."),
+    ],
+    "opencode": [
+        Reply(
+            tool_calls=[ToolCall(name="bash", arguments={"command": _WRITE, "description": "w"})]
+        ),
+        Reply(text="Created hello.txt."),
+    ],
+    "openhands": [
+        Reply(
+            tool_calls=[ToolCall(name="terminal", arguments={"command": _WRITE, "summary": "w"})]
+        ),
+        Reply(tool_calls=[ToolCall(name="finish", arguments={"message": "Created hello.txt."})]),
+    ],
+    "terminus": [Reply(text=_terminus([_WRITE + "\n"], True)), Reply(text=_terminus([], True))],
+}
+
+
+class ScriptedSessions:
+    """A session factory whose sessions are scripted endpoints (a stand-in for the proxy and
+    the engine), with the proxy's ``ModelClock`` so the trial records its first model call."""
+
+    def __init__(self, script: list[Reply]) -> None:
+        self.script = script
+        self._open: dict[str, tuple[ScriptedPolicyStub, ModelClock]] = {}
+
+    async def open(self, trial_id: str) -> tuple[Endpoint, Any]:
+        stub, clock = ScriptedPolicyStub(self.script), ModelClock()
+        stub.on_model_call = clock.call_arrived
+        self._open[trial_id] = (stub, clock)
+        return Endpoint(base_url=stub.url + "/v1", api_key="bench", model="scripted"), trial_id
+
+    def clock(self, handle: str) -> ModelClock:
+        return self._open[handle][1]
+
+    async def close(self, handle: str) -> Trajectory | None:
+        stub, _ = self._open.pop(handle)
+        stub.close()
+        return Trajectory(session_id=handle)
+
+
+async def one(backend, task, agent, verifier, sessions) -> dict:
     result = await run_trial(
         task,
         backend=backend,
         agent=agent,
         verifier=verifier,
-        session_factory=StandInSessions(),
+        session_factory=sessions,
         trial_id=new_trial_id("bench"),
         labels={"slr.bench": "1"},
     )
     assert result.costs is not None and result.reward is not None, result.error
     c = result.costs
+    cpu = c.cpu_s or {}
     return {
         "start_s": c.wall_s["sandbox_start"],
+        "startup_s": c.wall_s["agent_startup"],
         "fixed_wall_s": fixed_wall_s(c),
-        "cpu_s": sum(c.cpu_s.values()) if c.cpu_s else None,
+        "startup_cpu_s": cpu.get("agent_startup"),
+        "cpu_s": sum(v for v in cpu.values() if v is not None) if cpu else None,
         "pooled": c.pool_start_s is not None,
+        "reward": result.reward,
     }
 
 
-async def bench(name: str, trials: int) -> dict:
+def _old_mini_bundle(agent: Any) -> Any:
+    """The mini bundle as the recipe before bytecode built it, from the cache (or None)."""
+    from slr.agents import bundles
+
+    c = agent.config
+    return bundles.existing("mini-swe-agent", f"{c.version}-py{c.python}")
+
+
+def settings(agent_name: str, backend: Any, task: Any, trials: int) -> dict[str, tuple]:
+    """Setting name -> (backend or pool, agent, sessions), in the order they are reported."""
     pm = get_plugin_manager()
-    backend = pm.get("sandbox_backend", name).create()
-    agent = pm.get("agent", "oracle").create()
+    if agent_name == "oracle":
+        agent = pm.get("agent", "oracle").create()
+        pool = SandboxPool(backend, size=2, mounts=bundle_mounts(agent.bundle()))
+        pool.expect([task] * trials)
+        return {
+            "none": (backend, agent, StandInSessions()),
+            "pool": (pool, agent, StandInSessions()),
+        }
+    if agent_name in SCRIPTS:  # measured as they are
+        agent = pm.get("agent", agent_name).create()
+        return {"default": (backend, agent, ScriptedSessions(SCRIPTS[agent_name]))}
+    if agent_name != "mini-swe-agent":
+        raise SystemExit(
+            f"--agent {agent_name!r}: this bench knows oracle, mini-swe-agent, {', '.join(SCRIPTS)}"
+        )
+    from slr_adapter_mini_swe_agent.adapter import MiniSweAgent, MiniSweAgentConfig
+
+    sessions = ScriptedSessions([Reply(text=HELLO), Reply(text=SUBMIT)])
+    after = MiniSweAgent()
+    litellm = MiniSweAgent(MiniSweAgentConfig(client="litellm"))
+    out: dict[str, tuple] = {}
+    old = _old_mini_bundle(after)
+    if old is not None:
+
+        class Before(MiniSweAgent):
+            def bundle(self):
+                return old
+
+        out["before"] = (backend, Before(MiniSweAgentConfig(client="litellm")), sessions)
+    out["litellm"] = (backend, litellm, sessions)
+    out["after"] = (backend, after, sessions)
+    pool = SandboxPool(backend, size=2, mounts=bundle_mounts(after.bundle()))
+    pool.expect([task] * trials)
+    out["after+pool"] = (pool, after, sessions)
+    return out
+
+
+async def bench(backend_name: str, agent_name: str, trials: int) -> dict:
+    pm = get_plugin_manager()
+    backend = pm.get("sandbox_backend", backend_name).create()
     verifier = pm.get("verifier", "harbor").create()
     task = load_task(ROOT / "examples" / "tasks" / "hello-world")
     await backend.prepare(task)
-    pool = SandboxPool(backend, size=2, mounts=bundle_mounts(agent.bundle()))
-    pool.expect([task] * trials)
-    rows: dict[str, list[dict]] = {"none": [], "pool": []}
-    await one(backend, task, agent, verifier)  # warm-up
+    modes = settings(agent_name, backend, task, trials)
+    rows: dict[str, list[dict]] = {m: [] for m in modes}
+    for target, agent, sessions in modes.values():  # warm-up: page cache, images, bundles
+        await one(target, task, agent, verifier, sessions)
     for _ in range(trials):
-        rows["none"].append(await one(backend, task, agent, verifier))
-        await pool.wait_ready()  # a warm sandbox is what the pool is for
-        rows["pool"].append(await one(pool, task, agent, verifier))
-    await pool.close()  # closes the backend too
-    out: dict = {"backend": name, "agent": "oracle", "trials": trials}
+        for mode, (target, agent, sessions) in modes.items():
+            if isinstance(target, SandboxPool):
+                await target.wait_ready()  # a warm sandbox is what the pool is for
+            rows[mode].append(await one(target, task, agent, verifier, sessions))
+    for target, _, _ in modes.values():
+        if isinstance(target, SandboxPool):
+            await target.drain()
+    await backend.close()
+    out: dict = {"backend": backend_name, "agent": agent_name, "trials": trials, "modes": {}}
     for mode, rs in rows.items():
-        cpus = [r["cpu_s"] for r in rs if r["cpu_s"] is not None]
-        out[mode] = {
-            "start_s": round(statistics.median(r["start_s"] for r in rs), 4),
-            "fixed_wall_s": round(statistics.median(r["fixed_wall_s"] for r in rs), 4),
-            "cpu_s": round(statistics.median(cpus), 4) if cpus else None,
-            "pooled": sum(r["pooled"] for r in rs),
-        }
-    out["start_ratio"] = round(out["pool"]["start_s"] / out["none"]["start_s"], 3)
-    out["fixed_wall_ratio"] = round(out["pool"]["fixed_wall_s"] / out["none"]["fixed_wall_s"], 3)
+
+        def med(key: str, rs: list[dict] = rs) -> float | None:
+            vals = [r[key] for r in rs if r[key] is not None]
+            return round(statistics.median(vals), 4) if vals else None
+
+        out["modes"][mode] = {
+            k: med(k) for k in ("start_s", "startup_s", "fixed_wall_s", "startup_cpu_s", "cpu_s")
+        } | {"pooled": sum(r["pooled"] for r in rs), "rewards": [r["reward"] for r in rs]}
+    first = next(iter(out["modes"].values()))
+    for m in out["modes"].values():
+        for key in ("start_s", "startup_cpu_s", "cpu_s", "fixed_wall_s"):
+            a, b = first[key], m[key]
+            m[f"{key}_ratio"] = round(b / a, 3) if a and b is not None else None
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--backend", action="append", help="local (default) and/or docker")
-    p.add_argument("--trials", type=int, default=8, help="trials per mode and backend")
+    p.add_argument("--agent", action="append", help="oracle (default) and/or mini-swe-agent")
+    p.add_argument("--trials", type=int, default=5, help="trials per setting, agent and backend")
     p.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = p.parse_args()
     from slr import log
 
     log.configure(level="warning")
-    reports = [asyncio.run(bench(b, args.trials)) for b in args.backend or ["local"]]
-    print(f"{'backend':8} {'mode':5} {'start s':>8} {'fixed wall s':>13} {'sandbox CPU s':>14}")
+    reports = [
+        asyncio.run(bench(b, a, args.trials))
+        for a in args.agent or ["oracle"]
+        for b in args.backend or ["local"]
+    ]
+    head = ("start s", "startup s", "fixed wall s", "startup CPU s", "sandbox CPU s", "CPU ratio")
+    print(f"{'agent':15} {'backend':8} {'setting':11} " + " ".join(f"{h:>13}" for h in head))
+
+    def cell(v: float | None) -> str:
+        return f"{'-':>13}" if v is None else f"{v:13.3f}"
+
     for r in reports:
-        for mode in ("none", "pool"):
-            m = r[mode]
-            cpu = "-" if m["cpu_s"] is None else f"{m['cpu_s']:.3f}"
+        for mode, m in r["modes"].items():
+            keys = ("start_s", "startup_s", "fixed_wall_s", "startup_cpu_s", "cpu_s", "cpu_s_ratio")
             print(
-                f"{r['backend']:8} {mode:5} {m['start_s']:8.3f} {m['fixed_wall_s']:13.3f} {cpu:>14}"
+                f"{r['agent']:15} {r['backend']:8} {mode:11} " + " ".join(cell(m[k]) for k in keys)
             )
-        print(
-            f"{r['backend']:8} ratio pool/none: start {r['start_ratio']}, "
-            f"fixed wall {r['fixed_wall_ratio']}"
-        )
     if args.json:
         print(json.dumps({"reports": reports}))
 

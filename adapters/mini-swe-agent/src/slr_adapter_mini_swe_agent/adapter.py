@@ -10,17 +10,28 @@ from typing import Literal
 from attrs import frozen, validators
 
 from slr.agents import bundles
-from slr.agents.bundle_recipes import python_bin, python_env, python_packages
+from slr.agents.bundle_recipes import (
+    python_bin,
+    python_bundle_version,
+    python_env,
+    python_packages,
+)
 from slr.agents.headless import AGENT_DIR, openai_base_url, run_scaffold
 from slr.config import option
 from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 from slr.errors import UsageError
 
 # mini's own configs: actions as fenced bash blocks in the text, or as `bash` tool calls.
-_CONFIGS = {
-    "textbased": ("mini_textbased.yaml", "litellm_textbased"),
-    "tool_calls": ("mini.yaml", "litellm"),
+_CONFIGS = {"textbased": "mini_textbased.yaml", "tool_calls": "mini.yaml"}
+# mini's model class per client and action format (``model.model_class``).
+_MODEL_CLASSES = {
+    ("litellm", "textbased"): "litellm_textbased",
+    ("litellm", "tool_calls"): "litellm",
+    ("requests", "textbased"): "slr_mini_model.DirectTextbasedModel",
+    ("requests", "tool_calls"): "slr_mini_model.DirectModel",
 }
+# Where ``direct_model.py`` goes in the sandbox (on mini's PYTHONPATH), as ``slr_mini_model``.
+_MODEL_MODULE = "mini/slr_mini_model.py"
 
 
 _USER_CONFIG = "mini/config.yaml"
@@ -57,6 +68,19 @@ class MiniSweAgentConfig:
         "that `action_format` picks, e.g. a shorter system / instance template or another "
         "`model.action_regex`. Relative paths are read from the current directory.",
     )
+    client: Literal["requests", "litellm"] = option(
+        "requests",
+        doc="How mini calls the model. 'requests': mini's own OpenRouter model classes "
+        "(plain `requests`) pointed at the session's endpoint by a small subclass this "
+        "adapter ships; start-up skips importing litellm (~5 CPU-seconds per trial). "
+        "'litellm': mini's default litellm classes.",
+    )
+    model_timeout_s: float = option(
+        3600.0,
+        doc="With client = 'requests': how long one model call may take before mini retries "
+        "it (the agent timeout still ends the trial).",
+        validator=validators.gt(0),
+    )
     python: str = option("3.12", doc="Python version of the bundle's interpreter.")
     config_overrides: list[str] = option(
         factory=list, doc="More `-c key=value` overrides for mini, e.g. 'agent.cost_limit=0'."
@@ -77,18 +101,32 @@ class MiniSweAgent(AgentAdapter):
         c = self.config
         return bundles.ensure(
             "mini-swe-agent",
-            f"{c.version}-py{c.python}",
+            python_bundle_version(c.version, c.python),
             lambda step: python_packages(step, [f"mini-swe-agent=={c.version}"], version=c.python),
         )
 
     def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
         """The command line and environment, with the bundle at ``root`` in the sandbox."""
         c = self.config
-        config_file, model_class = _CONFIGS[c.action_format]
+        config_file = _CONFIGS[c.action_format]
+        base_url = openai_base_url(endpoint.base_url)
+        if c.client == "litellm":
+            client = [
+                f"model.model_kwargs.api_base={base_url}",
+                f"model.model_kwargs.api_key={endpoint.api_key}",
+            ]
+            # litellm's provider prefix: an OpenAI-compatible server
+            model = f"openai/{endpoint.model}"
+        else:
+            client = [
+                f"model.api_base={base_url}",
+                f"model.api_key={endpoint.api_key}",
+                f"model.timeout_s={c.model_timeout_s}",
+            ]
+            model = endpoint.model
         overrides = [
-            f"model.model_class={model_class}",
-            f"model.model_kwargs.api_base={openai_base_url(endpoint.base_url)}",
-            f"model.model_kwargs.api_key={endpoint.api_key}",
+            f"model.model_class={_MODEL_CLASSES[c.client, c.action_format]}",
+            *client,
             f"agent.step_limit={c.step_limit}",
             # litellm prices no local model; cost limits cannot apply
             "agent.cost_limit=0",
@@ -101,8 +139,7 @@ class MiniSweAgent(AgentAdapter):
         for o in overrides:
             argv += ["-c", o]
         argv += [
-            # litellm's provider prefix: an OpenAI-compatible server
-            "--model", f"openai/{endpoint.model}",
+            "--model", model,
             "--yolo", "--exit-immediately",
             "--output", f"{AGENT_DIR}/mini/trajectory.json",
         ]  # fmt: skip
@@ -114,6 +151,7 @@ class MiniSweAgent(AgentAdapter):
             **python_env(root),
             # its model calls go through litellm: the price list is read locally, not fetched
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "PYTHONPATH": f"{AGENT_DIR}/mini",  # slr_mini_model (client = 'requests')
             "MSWEA_CONFIGURED": "true",  # skip the first-run setup prompt
             "MSWEA_GLOBAL_CONFIG_DIR": f"{AGENT_DIR}/mini",
             "MSWEA_COST_TRACKING": "ignore_errors",
@@ -124,6 +162,17 @@ class MiniSweAgent(AgentAdapter):
         }
         return command, env
 
+    def _files(self) -> dict[str, str]:
+        from importlib.resources import files
+
+        out = {}
+        if self.config.client == "requests":
+            module = files("slr_adapter_mini_swe_agent").joinpath("direct_model.py").read_text()
+            out[_MODEL_MODULE] = module
+        if self.config_text is not None:
+            out[_USER_CONFIG] = self.config_text
+        return out
+
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
     ) -> AgentOutcome:
@@ -133,7 +182,7 @@ class MiniSweAgent(AgentAdapter):
             instruction,
             endpoint,
             timeout_s=timeout_s,
-            files={} if self.config_text is None else {_USER_CONFIG: self.config_text},
+            files=self._files(),
             python=True,
             logs_from=[f"{AGENT_DIR}/mini/trajectory.json"],
         )

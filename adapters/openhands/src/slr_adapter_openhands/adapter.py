@@ -8,6 +8,7 @@ from slr.agents import bundles
 from slr.agents.bundle_recipes import (
     host_tool,
     python_bin,
+    python_bundle_version,
     python_env,
     python_packages,
 )
@@ -58,7 +59,7 @@ class OpenHands(AgentAdapter):
     def bundle(self) -> Bundle:
         c = self.config
         return bundles.ensure(
-            "openhands", f"{c.version}-py{c.python}", lambda step: _build(step, c)
+            "openhands", python_bundle_version(c.version, c.python), lambda step: _build(step, c)
         )
 
     def settings(self, endpoint: Endpoint) -> dict:

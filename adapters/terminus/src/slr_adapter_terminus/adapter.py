@@ -8,6 +8,7 @@ from slr.agents import bundles
 from slr.agents.bundle_recipes import (
     host_tool,
     python_bin,
+    python_bundle_version,
     python_env,
     python_packages,
 )
@@ -53,7 +54,9 @@ class Terminus(AgentAdapter):
 
     def bundle(self) -> Bundle:
         c = self.config
-        return bundles.ensure("terminus", f"{c.version}-py{c.python}", lambda step: _build(step, c))
+        return bundles.ensure(
+            "terminus", python_bundle_version(c.version, c.python), lambda step: _build(step, c)
+        )
 
     def settings(self, endpoint: Endpoint) -> dict:
         c = self.config

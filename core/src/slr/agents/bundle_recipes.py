@@ -97,6 +97,29 @@ def _self_contained(prefix: Path, version: str) -> bool:
 
 _PY_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "__pycache__", "site-packages"}
 
+#: What ``python_packages`` builds, in the bundle's version (``python_bundle_version``): a
+#: change to what the recipe puts in a bundle bumps it, so bundles built before are rebuilt.
+#: 2: bytecode for the whole interpreter compiled at build.
+PYTHON_RECIPE = 2
+
+
+def python_bundle_version(package_version: str, python: str) -> str:
+    """The bundle version of a Python scaffold: its package's version, the interpreter's,
+    and the recipe's (``PYTHON_RECIPE``)."""
+    return f"{package_version}-py{python}-r{PYTHON_RECIPE}"
+
+
+# Compiles every module of the bundle's interpreter, standard library included (copied
+# without its __pycache__) with hash-based pycs that are never checked against their
+# sources: a bundle is read-only in the sandbox, so a module without bytecode would be
+# compiled again at every start of every trial, and a source's mtime may change wherever a
+# backend copies the bundle. A file that does not compile (test data, Python 2 leftovers) is
+# one nothing imports; it is skipped.
+_COMPILE = (
+    "import compileall, py_compile, sys; compileall.compile_dir(sys.argv[1], quiet=2, "
+    "workers=0, force=True, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)"
+)
+
 
 def python_packages(
     step: BuildStep,
@@ -111,6 +134,7 @@ def python_packages(
     No venv on purpose: a venv records absolute paths, while a copied CPython finds its
     prefix from where its executable lies, so the bundle works wherever a backend mounts it.
     Run it as ``<bundle>/python/bin/python<version> -m <module>`` with ``python_env``.
+    Name the bundle with ``python_bundle_version``.
     """
     interpreter = find_python(version, python)
     prefix = _prefix_of(str(interpreter))
@@ -127,7 +151,9 @@ def python_packages(
     env = {**python_env(step.path), "PYTHONNOUSERSITE": "1"}
     step.run([own, "-m", "ensurepip", "--default-pip"], env=env)
     pip = [own, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    step.run([*pip, "install", "--progress-bar", "off", *requirements], env=env)
+    step.run([*pip, "install", "--progress-bar", "off", "--no-compile", *requirements], env=env)
+    step.report("compiling bytecode")
+    step.run([own, "-c", _COMPILE, step.path / "python" / "lib" / f"python{version}"], env=env)
 
 
 def python_bin(bundle_root: str, version: str = "3.12") -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -57,6 +57,8 @@ class ScriptedPolicyStub:
         self.script = list(script)
         self.mode = "script"
         self.requests: list[Recorded] = []
+        #: Called (on the serving thread) as each model call arrives, before it is answered.
+        self.on_model_call: Callable[[], None] | None = None
         self._served = 0
         self._lock = threading.Lock()
         self._release = threading.Event()
@@ -158,6 +160,8 @@ class _Handler(BaseHTTPRequestHandler):
             if path.endswith("/count_tokens"):
                 return self._send(200, {"input_tokens": 100})
             return self._send(404, {"error": {"message": f"no route {path}"}})
+        if self.owner.on_model_call is not None:
+            self.owner.on_model_call()
         if self.owner.mode == "hang":
             self.owner._release.wait()
             return self._send(503, {"error": {"message": "released"}})
