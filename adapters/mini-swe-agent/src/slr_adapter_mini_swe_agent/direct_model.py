@@ -55,17 +55,17 @@ class _Endpoint:
             response = requests.post(
                 self._api_url, headers=headers, data=json.dumps(payload), timeout=self._timeout_s
             )
-            response.raise_for_status()
-            return response.json()
-        except requests.exceptions.HTTPError as e:
-            status, text = e.response.status_code, e.response.text
-            if status == 401:
-                raise OpenRouterAuthenticationError(f"HTTP 401: {text}") from e
-            if status == 429:
-                raise OpenRouterRateLimitError(f"HTTP 429: {text}") from e
-            raise OpenRouterAPIError(f"HTTP {status}: {text}") from e
         except requests.exceptions.RequestException as e:
             raise OpenRouterAPIError(f"Request failed: {e}") from e
+        # mini's retry loop gives up on an authentication error and retries the others.
+        status = response.status_code
+        if status == 401:
+            raise OpenRouterAuthenticationError(f"HTTP 401: {response.text}")
+        if status == 429:
+            raise OpenRouterRateLimitError(f"HTTP 429: {response.text}")
+        if status >= 400:
+            raise OpenRouterAPIError(f"HTTP {status}: {response.text}")
+        return response.json()
 
 
 class DirectModel(_Endpoint, OpenRouterModel):
