@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import socket
 import threading
@@ -155,8 +156,13 @@ class K8sBackend:
         try:
             pod = await asyncio.shield(asyncio.wrap_future(job))
         except asyncio.CancelledError:
-            # The pod may be created after this point: delete whatever the job left.
-            job.add_done_callback(lambda _: self._abandon(name, link))
+            # The pod may be created after this point: delete whatever the job left, and
+            # before the cancel returns, so that whoever cancels a start (the warm pool's
+            # drain at the end of a run) finds nothing of it left. Cancelled again while
+            # waiting, the clean-up still runs in its thread.
+            cleanup = self.pool.submit(self._abandon_after, job, name, link)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(asyncio.wrap_future(cleanup))
             raise
         except BaseException:
             await self.call(self._abandon, name, link)
@@ -423,6 +429,15 @@ class K8sBackend:
             except Exception as exc:
                 if not is_not_found(exc):
                     log.warning("could not delete a NetworkPolicy", name=name, error=str(exc))
+
+    def _abandon_after(
+        self, job: concurrent.futures.Future, name: str, link: ProxyLink | None
+    ) -> None:
+        """``_abandon`` once the start's job has ended (submitted after it: the pool's
+        queue runs it first)."""
+        with contextlib.suppress(BaseException):
+            job.result()
+        self._abandon(name, link)
 
     def _abandon(self, name: str, link: ProxyLink | None = None) -> None:
         """A start failed or was cancelled: delete what it made and free its slot."""
