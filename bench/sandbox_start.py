@@ -6,6 +6,9 @@
 
 1. start -> first exec with a cached image (``backend.start`` + ``exec("true")``), against a
    bare ``docker run --rm IMAGE true`` of the same image, interleaved, medians compared.
+   The same from a warm sandbox pool (``[rollout] pool_size``: the sandbox was started
+   ahead, so what is left is the hand-out and its health check), interleaved with the
+   plain starts; ``pool_ratio`` is pool / plain.
 2. trials per minute with the oracle agent on the bundled example tasks at 1, 4 and 8
    concurrent trials (verifier included, image builds excluded: prepared first).
 """
@@ -22,6 +25,7 @@ import time
 from pathlib import Path
 
 from slr.plugins import get_plugin_manager
+from slr.sandboxing.pool import SandboxPool
 from slr.tasks import load_tasks
 from slr.trial import StandInSessions, new_trial_id, run_trial, run_trials
 
@@ -54,6 +58,20 @@ async def start_latency(backend, task, reps: int) -> list[float]:
             assert res.ok, res
         finally:
             await sb.stop()
+    return out
+
+
+async def pool_latency(backend, task, reps: int) -> list[float]:
+    """start -> first exec with the sandbox taken from a warm pool of one."""
+    pool = SandboxPool(backend, size=1)
+    pool.expect([task] * reps)
+    out = []
+    try:
+        for _ in range(reps):
+            await pool.wait_ready()  # a warm sandbox is what the pool is for
+            out += await start_latency(pool, task, 1)
+    finally:
+        await pool.drain()
     return out
 
 
@@ -114,9 +132,19 @@ async def bench(name: str, reps: int, per_level: int) -> dict:
         report["start_to_first_exec_s"] = round(
             statistics.median(await start_latency(backend, simple, reps)), 3
         )
-    report["throughput"] = [
-        await throughput(backend, tasks, c, max(per_level, c * 2)) for c in (1, 4, 8)
-    ]
+    plain, pooled = [], []
+    for _ in range(reps):  # interleaved, so load drift hits both alike
+        plain += await start_latency(backend, simple, 1)
+        pooled += await pool_latency(backend, simple, 1)
+    report["pool"] = {
+        "start_to_first_exec_s": round(statistics.median(plain), 3),
+        "pool_start_to_first_exec_s": round(statistics.median(pooled), 3),
+        "pool_ratio": round(statistics.median(pooled) / statistics.median(plain), 3),
+    }
+    if per_level:
+        report["throughput"] = [
+            await throughput(backend, tasks, c, max(per_level, c * 2)) for c in (1, 4, 8)
+        ]
     await backend.close()
     return report
 
@@ -125,7 +153,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--backend", action="append", help="docker (default), local and/or k8s")
     p.add_argument("--reps", type=int, default=10, help="start-latency samples")
-    p.add_argument("--trials", type=int, default=8, help="trials per concurrency level (min 2x)")
+    p.add_argument(
+        "--trials", type=int, default=8, help="trials per concurrency level (min 2x; 0: skip)"
+    )
     args = p.parse_args()
     from slr import log
 
