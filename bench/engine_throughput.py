@@ -1,8 +1,8 @@
-"""Generated tokens per second of the embedded engine at 1, 4 and 16 concurrent sessions,
+"""Generated tokens per second of the embedded engine at 1, 4, 16 and 32 concurrent sessions,
 as ratios to single-stream ``model.generate`` on the same model in the same run.
 
     .venv/bin/python bench/engine_throughput.py [--model smollm2-135m-instruct]
-        [--max-tokens 48] [--threads 0] [--json results.json]
+        [--max-tokens 48] [--threads 0] [--max-batch 32] [--json results.json]
 
 Every session asks for ``--max-tokens`` tokens from a prompt that invites a long answer;
 throughput counts the tokens actually generated (a session may stop early at EOS) over
@@ -92,12 +92,17 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--concurrency", default="1,4,16,32")
+    parser.add_argument(
+        "--max-batch", type=int, default=32, help="[engine] max_batch: sequences per step"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="paired runs per setting")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
 
-    engine = HfEngine(HfEngineConfig(model=args.model, max_batch=16, threads=args.threads))
+    engine = HfEngine(
+        HfEngineConfig(model=args.model, max_batch=args.max_batch, threads=args.threads)
+    )
     first = prompts(engine.tokenizer, 1)[0]
     # warm-up: first calls pay one-off allocation costs
     baseline(engine, first, 4)
@@ -128,7 +133,7 @@ def main() -> None:
 
     print(
         f"median of {args.repeats} paired runs, {args.max_tokens} tokens per session, "
-        f"torch threads: {torch.get_num_threads()}"
+        f"max_batch {args.max_batch}, torch threads: {torch.get_num_threads()}"
     )
     print("sessions  tokens/s  model.generate tokens/s (1 stream)  ratio")
     for r in rows:
