@@ -119,7 +119,7 @@ async def one(backend, task, agent, verifier, sessions) -> dict:
         "startup_cpu_s": cpu.get("agent_startup"),
         "cpu_s": sum(v for v in cpu.values() if v is not None) if cpu else None,
         "pooled": c.pool_start_s is not None,
-        "reward": result.reward,
+        "reward": result.reward.value,
     }
 
 
