@@ -49,6 +49,29 @@ def test_pooled_pods_are_fresh_and_the_pool_shrinks_to_nothing(backend):
     run(main())
 
 
+@pytest.mark.timeout(180)
+def test_a_broken_pooled_pod_is_replaced_not_handed_out(backend, k8s_config):
+    task = py_task("pooled")
+
+    async def main() -> None:
+        pool = SandboxPool(backend, size=1)
+        pool.expect([task])
+        await pool.wait_ready()
+        (pod,) = backend.list_pods(**{POOL: pool.pool_id})
+        backend.api.core.delete_namespaced_pod(
+            pod.metadata.name, k8s_config.namespace, grace_period_seconds=0
+        )
+        sandbox = await pool.start(task, trial_id="t-pool-3", labels={})
+        try:
+            assert pool.replaced == 1 and not isinstance(sandbox, PooledSandbox)
+            assert (await sandbox.exec("echo ok")).stdout == "ok\n"
+        finally:
+            await sandbox.stop()
+            await pool.drain()
+
+    run(main())
+
+
 HOLDER = """
 import asyncio, json, sys
 sys.path.insert(0, sys.argv[2])
