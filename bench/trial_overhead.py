@@ -20,7 +20,10 @@ Per agent:
   ``mini-swe-agent-<version>-py3.12`` folder; the setting is skipped when it is not there),
   ``litellm`` the same client on today's bundle (bytecode compiled at build), ``after``
   today's default (client ``requests``: mini's own OpenRouter classes pointed at the
-  endpoint, no litellm import), ``after+pool`` the same from a warm pool.
+  endpoint, no litellm import), ``after+pool`` the same from a warm pool;
+- ``openhands``, ``terminus``: ``before`` on the bundle built without bytecode (when the
+  cache has it), ``after`` on today's; ``claude-code``, ``opencode`` (native binaries): as
+  they are. Each answered by a scripted endpoint as its adapter test scripts it.
 """
 
 from __future__ import annotations
@@ -123,12 +126,15 @@ async def one(backend, task, agent, verifier, sessions) -> dict:
     }
 
 
-def _old_mini_bundle(agent: Any) -> Any:
-    """The mini bundle as the recipe before bytecode built it, from the cache (or None)."""
+def _old_python_bundle(name: str, agent: Any) -> Any:
+    """A Python scaffold's bundle as the recipe before bytecode built it (its version had no
+    recipe revision), from the cache; None when it is not there or not a Python scaffold."""
     from slr.agents import bundles
 
     c = agent.config
-    return bundles.existing("mini-swe-agent", f"{c.version}-py{c.python}")
+    if not hasattr(c, "python"):
+        return None
+    return bundles.existing(name, f"{c.version}-py{c.python}")
 
 
 def settings(agent_name: str, backend: Any, task: Any, trials: int) -> dict[str, tuple]:
@@ -142,9 +148,15 @@ def settings(agent_name: str, backend: Any, task: Any, trials: int) -> dict[str,
             "none": (backend, agent, StandInSessions()),
             "pool": (pool, agent, StandInSessions()),
         }
-    if agent_name in SCRIPTS:  # measured as they are
+    if agent_name in SCRIPTS:
         agent = pm.get("agent", agent_name).create()
-        return {"default": (backend, agent, ScriptedSessions(SCRIPTS[agent_name]))}
+        sessions = ScriptedSessions(SCRIPTS[agent_name])
+        old = _old_python_bundle(agent_name, agent)
+        if old is None:  # a native scaffold, or no earlier bundle: measured as it is
+            return {"default": (backend, agent, sessions)}
+        before = type(agent)(agent.config)
+        before.bundle = lambda: old  # the same adapter on the bundle built without bytecode
+        return {"before": (backend, before, sessions), "after": (backend, agent, sessions)}
     if agent_name != "mini-swe-agent":
         raise SystemExit(
             f"--agent {agent_name!r}: this bench knows oracle, mini-swe-agent, {', '.join(SCRIPTS)}"
@@ -155,7 +167,7 @@ def settings(agent_name: str, backend: Any, task: Any, trials: int) -> dict[str,
     after = MiniSweAgent()
     litellm = MiniSweAgent(MiniSweAgentConfig(client="litellm"))
     out: dict[str, tuple] = {}
-    old = _old_mini_bundle(after)
+    old = _old_python_bundle("mini-swe-agent", after)
     if old is not None:
 
         class Before(MiniSweAgent):
