@@ -6,6 +6,8 @@ import importlib.util
 import json
 import os
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,67 @@ def test_the_bundle_ships_unchecked_bytecode_for_the_standard_library(bundle_pyt
         pyc = src.parent / "__pycache__" / f"{src.stem}.cpython-312.pyc"
         flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
         assert flags == 0b01, f"{pyc}: flags {flags:#b}, want hash-based and unchecked"
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    """Answers every request 400, as the proxy answers a context overflow."""
+
+    calls = 0
+
+    def do_POST(self) -> None:
+        type(self).calls += 1
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = b'{"error": {"message": "context overflow", "type": "invalid_request_error"}}'
+        self.send_response(400)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_request_ends_the_run_instead_of_being_retried(bundle_python, tmp_path):
+    """mini retries what its model class does not list as an abort: a 400 (a context
+    overflow) must end the run, as with mini's litellm classes, not be asked again."""
+    python, env = bundle_python
+    spec = importlib.util.find_spec("slr_adapter_mini_swe_agent")
+    assert spec is not None and spec.origin is not None
+    module = Path(spec.origin).with_name("direct_model.py").read_text()
+    (tmp_path / "slr_mini_model.py").write_text(module)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    probe = (
+        "import sys\n"
+        "from minisweagent.models import get_model\n"
+        "m = get_model('m', {'model_class': 'slr_mini_model.DirectTextbasedModel',\n"
+        "    'api_base': sys.argv[1], 'api_key': 'k'})\n"
+        "try:\n"
+        "    m.query([{'role': 'user', 'content': 'hi'}])\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__)\n"
+    )
+    try:
+        out = subprocess.run(
+            [str(python), "-c", probe, f"http://127.0.0.1:{server.server_address[1]}/v1"],
+            env={
+                **os.environ,
+                **env,
+                "PYTHONPATH": str(tmp_path),
+                "MSWEA_CONFIGURED": "true",
+                "MSWEA_SILENT_STARTUP": "1",
+                # a retried request would show as a second call (after mini's 4 s back-off)
+                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
+            },
+            capture_output=True,
+            text=True,
+            timeout=110,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "EndpointRefused"
+    assert _Refusing.calls == 1

@@ -31,12 +31,23 @@ from minisweagent.models.openrouter_textbased_model import (  # pyright: ignore[
 )
 from minisweagent.models.utils.actions_toolcall import BASH_TOOL  # pyright: ignore[reportMissingImports]
 
+# Statuses no retry can change: bad request (context overflow), forbidden, not found, too large.
+_REFUSED = frozenset({400, 403, 404, 413, 422})
+
+
+class EndpointRefused(Exception):
+    """The endpoint refused the request for good; mini ends the run instead of retrying."""
+
 
 class _Endpoint:
     """The request half: where to send it, with which key, how long to wait."""
 
     config: Any  # mini's model config (pydantic)
     _tools: ClassVar[list[dict[str, Any]]]
+    abort_exceptions: ClassVar[list[type[BaseException]]] = [
+        *OpenRouterModel.abort_exceptions,
+        EndpointRefused,
+    ]
 
     def _point(self, api_base: str, api_key: str, timeout_s: float) -> None:
         self._api_url = api_base.rstrip("/") + "/chat/completions"
@@ -57,12 +68,17 @@ class _Endpoint:
             )
         except requests.exceptions.RequestException as e:
             raise OpenRouterAPIError(f"Request failed: {e}") from e
-        # mini's retry loop gives up on an authentication error and retries the others.
+        # mini's retry loop gives up on the abort exceptions and retries the others: as with
+        # its litellm classes, a refusal that asking again cannot change (bad key, unknown
+        # model, a context overflow or another bad request) ends the run; a rate limit, a
+        # server error or a lost connection is retried.
         status = response.status_code
         if status == 401:
             raise OpenRouterAuthenticationError(f"HTTP 401: {response.text}")
         if status == 429:
             raise OpenRouterRateLimitError(f"HTTP 429: {response.text}")
+        if status in _REFUSED:
+            raise EndpointRefused(f"HTTP {status}: {response.text}")
         if status >= 400:
             raise OpenRouterAPIError(f"HTTP {status}: {response.text}")
         return response.json()
