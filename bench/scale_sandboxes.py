@@ -208,7 +208,7 @@ def _table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument(
         "--n", type=int, action="append", help="concurrent docker trials (repeat: 8 and 128)"
     )
@@ -222,12 +222,14 @@ def main() -> None:
     if min(sizes) < 1 or args.pods < 1 or args.execs < 1:
         ap.error("--n, --pods and --execs must be >= 1")
     get_plugin_manager()  # load the plugins (and their structlog routing) before timing
-    report: dict = {"sizes": {"docker_trials": sizes, "execs": args.execs, "pods": args.pods}}
+    report: dict = {"sizes": {}}
     if not args.skip_docker:
+        report["sizes"].update(docker_trials=sizes, execs=args.execs)
         report["docker"] = asyncio.run(docker_bench(sizes, args.execs))
     if not args.skip_k8s:
         if not os.environ.get("KUBECONFIG"):
             ap.error('no KUBECONFIG: eval "$(scripts/k8s-up)" first, or pass --skip-k8s')
+        report["sizes"]["pods"] = args.pods
         report["k8s"] = asyncio.run(k8s_bench(args.pods))
     if args.json:
         print(json.dumps(report))

@@ -18,6 +18,7 @@ import argparse
 import json
 import statistics
 import time
+from typing import Any
 
 PROMPT = "Tell me a long story about a robot who learns to write code."
 
@@ -26,7 +27,7 @@ def _openai_call(session, stream: bool) -> tuple[float, float, int]:
     import openai
 
     c = openai.OpenAI(base_url=session.openai_base_url, api_key="k", max_retries=0)
-    messages = [{"role": "user", "content": PROMPT}]
+    messages: list[Any] = [{"role": "user", "content": PROMPT}]
     t0 = time.perf_counter()
     if not stream:
         r = c.chat.completions.create(model="policy", messages=messages)
@@ -80,7 +81,7 @@ def _engine(name: str):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--model", default="tiny", help="tiny (random) or a model the hf engine loads")
     ap.add_argument("--tokens", type=int, default=200, help="tokens per answer")
     ap.add_argument("--reps", type=int, default=3, help="calls per API and mode")
