@@ -94,10 +94,12 @@ def main() -> None:
 
     import torch
 
+    from slr import log
     from slr.config import ProxySection
     from slr.contracts import SamplingParams
     from slr.proxy import Proxy, ProxyThread
 
+    log.configure(level="warning")  # logs on stderr; stdout is the table or the JSON
     torch.set_num_threads(1)
     engine = _engine(args.model)
     sampling = SamplingParams(max_tokens=args.tokens, temperature=1.0, seed=0)
