@@ -4,7 +4,7 @@
     .venv/bin/python bench/streaming.py --model smollm2-135m-instruct --json
 
 A real ``HfEngine`` behind a real proxy, called with the official ``openai`` and
-``anthropic`` SDKs, each call generating exactly ``--tokens`` tokens (a random model does not
+``anthropic`` SDKs from a separate process (as an agent calls it), each call generating exactly ``--tokens`` tokens (a random model does not
 stop early; the proxy's sampling caps it). For each API, streaming and non-streaming calls
 alternate (``--reps`` of each, so load drift hits both alike) and the client records when the
 first piece of text arrived and when the answer was complete. With true streaming the first
@@ -17,16 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
 PROMPT = "Tell me a long story about a robot who learns to write code."
 
 
-def _openai_call(session, stream: bool) -> tuple[float, float, int]:
+def _openai_call(urls: dict, stream: bool) -> tuple[float, float, int]:
     import openai
 
-    c = openai.OpenAI(base_url=session.openai_base_url, api_key="k", max_retries=0)
+    c = openai.OpenAI(base_url=urls["openai"], api_key="k", max_retries=0)
     messages: list[Any] = [{"role": "user", "content": PROMPT}]
     t0 = time.perf_counter()
     if not stream:
@@ -46,10 +48,10 @@ def _openai_call(session, stream: bool) -> tuple[float, float, int]:
     return (first if first is not None else done), done, tokens
 
 
-def _anthropic_call(session, stream: bool, max_tokens: int) -> tuple[float, float, int]:
+def _anthropic_call(urls: dict, stream: bool, max_tokens: int) -> tuple[float, float, int]:
     import anthropic
 
-    c = anthropic.Anthropic(base_url=session.anthropic_base_url, api_key="k", max_retries=0)
+    c = anthropic.Anthropic(base_url=urls["anthropic"], api_key="k", max_retries=0)
     kw = dict(model="policy", max_tokens=max_tokens, messages=[{"role": "user", "content": PROMPT}])
     t0 = time.perf_counter()
     if not stream:
@@ -86,9 +88,23 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=200, help="tokens per answer")
     ap.add_argument("--reps", type=int, default=3, help="calls per API and mode")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--client", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tokens < 1 or args.reps < 1:
         ap.error("--tokens and --reps must be >= 1")
+    if args.client:
+        urls = json.loads(args.client)
+        _openai_call(urls, True)  # warm-up: first-call costs out of the figures
+        out: dict[str, list] = {}
+        for _ in range(args.reps):  # alternating, so load drift hits both alike
+            for stream in (True, False):
+                flag = "true" if stream else "false"
+                out.setdefault(f"openai:{flag}", []).append(_openai_call(urls, stream))
+                out.setdefault(f"anthropic:{flag}", []).append(
+                    _anthropic_call(urls, stream, args.tokens)
+                )
+        print(json.dumps(out))
+        return
 
     import asyncio
 
@@ -104,18 +120,33 @@ def main() -> None:
     engine = _engine(args.model)
     sampling = SamplingParams(max_tokens=args.tokens, temperature=1.0, seed=0)
     proxy = Proxy(engine, ProxySection(model_names=["policy"]), sampling=sampling)
-    runs: dict[tuple[str, bool], list[tuple[float, float, int]]] = {}
     with ProxyThread(proxy):
         session = proxy.open_session("bench-streaming")
-        _openai_call(session, True)  # warm-up: first-call costs out of the figures
-        for _ in range(args.reps):
-            for stream in (True, False):
-                runs.setdefault(("openai", stream), []).append(_openai_call(session, stream))
-                runs.setdefault(("anthropic", stream), []).append(
-                    _anthropic_call(session, stream, args.tokens)
-                )
+        urls = {"openai": session.openai_base_url, "anthropic": session.anthropic_base_url}
+        # The client runs in its own process, as an agent does: its SDK parsing every chunk
+        # must not compete for this process's GIL with the proxy and the engine.
+        child = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--client",
+                json.dumps(urls),
+                "--reps",
+                str(args.reps),
+                "--tokens",
+                str(args.tokens),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         proxy.close_session(session)
     asyncio.run(engine.close())
+    runs = {
+        (api, stream == "true"): calls
+        for key, calls in json.loads(child.stdout.strip().splitlines()[-1]).items()
+        for api, stream in [key.split(":")]
+    }
 
     rows = []
     for (api, stream), calls in runs.items():
