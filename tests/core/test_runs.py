@@ -102,3 +102,76 @@ def test_atomic_write_survives_a_kill_mid_write(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert json.loads(target.read_text()) == {"v": "old"}
+
+
+# -- a full disk -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (the tests run as root, as CI does); a filler file takes all of it."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "slr-test", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(disk) -> os.PathLike:
+    filler = disk / "filler"
+    with open(filler, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 4096)
+                fh.flush()
+        except OSError:
+            pass
+    return filler
+
+
+@pytest.mark.timeout(30)
+def test_a_full_disk_waits_for_space_then_records_whole(small_disk, monkeypatch):
+    """Writes that find the disk full wait (the run goes on once there is space) instead of
+    failing the run; the line cut short by the full disk is finished, not duplicated, and
+    the run notes how long it waited. Without the wait, the first write raised ENOSPC."""
+    import slr.runs as runs
+
+    run = RunDir.create(small_disk, "exp", "x = 1\n")
+    run.append_metrics(1, {"loss": 0.5})
+    filler = _fill(small_disk)
+    waits = []
+
+    def free_on_first_wait(seconds):
+        # the writer is waiting for space: now free it (what an operator would do)
+        waits.append(seconds)
+        if filler.exists():
+            filler.unlink()
+
+    monkeypatch.setattr(runs, "_pause", free_on_first_wait)
+    run.write_trial(_trial("t-0"))
+    _fill(small_disk)
+    run.append_metrics(2, {"loss": 0.25, "pad": "x" * 5000})
+    run.close()
+
+    again = RunDir.open(run.path)
+    assert again.trial("t-0") == _trial("t-0")
+    assert [m["step"] for m in again.metrics()] == [1, 2]
+    full = [e for e in again.events() if e["event"] == "disk_full"]
+    assert [e["file"] for e in full] == ["trials/t-0.json", "metrics.jsonl"]
+    assert len(waits) >= 2
+    assert not list((run.path / "trials").glob(".*.tmp")), "a temporary file was left"
+
+
+@pytest.mark.timeout(30)
+def test_a_disk_that_stays_full_stops_with_a_clear_error(small_disk, monkeypatch):
+    import slr.runs as runs
+
+    run = RunDir.create(small_disk, "exp", "x = 1\n")
+    _fill(small_disk)
+    monkeypatch.setattr(runs, "DISK_FULL_WAIT_S", 0.2)
+    with pytest.raises(runs.DiskFull, match=r"full for 0.2 s; free space on it .* --resume"):
+        run.write_trial(_trial("t-0"))
+    assert not run.has_trial("t-0")
+    assert not list((run.path / "trials").glob(".*.tmp")), "a temporary file was left"

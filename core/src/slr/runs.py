@@ -12,6 +12,12 @@
 Every whole-file write goes to a temporary file and is renamed into place. Appends are
 flushed at once and fsynced when ``sync()`` is called at step boundaries. A process killed
 mid-append leaves at most a torn last line, which readers skip and the next writer repairs.
+
+A full disk (or an exhausted quota) does not stop a run: a write that finds no space waits
+for space (``wait_for_space``: it retries with back-off, up to ``DISK_FULL_WAIT_S``), then
+completes, and the run notes how long it waited (a ``disk_full`` event). Only a disk that
+stays full that long stops the run, with ``DiskFull``: what was written stays whole, and
+``slr run --resume`` continues once there is space.
 ``slr status``, ``slr eval --checkpoint`` and resume read only through ``RunDir`` (and
 ``slr.checkpoints``).
 """
@@ -19,20 +25,95 @@ mid-append leaves at most a torn last line, which readers skip and the next writ
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import structlog
 
 from slr.contracts import TrialResult
 from slr.contracts.serialize import decode, encode
-from slr.errors import UsageError
+from slr.errors import SlrError, UsageError
+
+log = structlog.get_logger()
+
+T = TypeVar("T")
+
+#: How long a write to a full disk waits for space before the run stops (``DiskFull``).
+DISK_FULL_WAIT_S = 900.0
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: How a write waiting for space waits (a test frees the disk from here).
+_pause = time.sleep
+
+
+class DiskFull(SlrError):
+    """The run directory's disk stayed full for ``DISK_FULL_WAIT_S``."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it came from, is a full disk or an exhausted quota
+    (a library such as torch may wrap the ``OSError`` in its own error)."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in _FULL:
+            return True
+        if "No space left on device" in str(seen) or "Disk quota exceeded" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def wait_for_space(
+    write: Callable[[], T], where: Path, *, on_waited: Callable[[float], None] | None = None
+) -> T:
+    """``write()``, run again while it fails for lack of disk space (it must be safe to
+    repeat: an atomic write, or one that starts over), waiting with back-off up to
+    ``DISK_FULL_WAIT_S``; then ``DiskFull``. ``on_waited(seconds)`` is told how long it
+    waited, once it succeeded after a wait."""
+    started: float | None = None
+    delay = 0.05
+    while True:
+        try:
+            result = write()
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            now = time.monotonic()
+            if started is None:
+                started = now
+                log.warning("disk full: waiting for space", path=str(where))
+            if now - started >= DISK_FULL_WAIT_S:
+                raise DiskFull(
+                    f"the disk of {str(where)!r} has been full for {DISK_FULL_WAIT_S:g} s; "
+                    f"free space on it (or move the run), then `slr run --resume RUN_DIR` "
+                    f"(docs/troubleshooting/training.md#the-run-directorys-disk-is-full)"
+                ) from exc
+            _pause(delay)  # waiting on the disk, not on another part of the run
+            delay = min(delay * 2, 2.0)
+            continue
+        if started is not None:
+            waited = time.monotonic() - started
+            log.warning("disk has space again", path=str(where), waited_s=round(waited, 2))
+            if on_waited is not None:
+                on_waited(waited)
+        return result
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write ``path`` so a reader sees the old content or the new, never a torn file."""
+    """Write ``path`` so a reader sees the old content or the new, never a torn file; on a
+    full disk, wait for space (``wait_for_space``)."""
+    wait_for_space(lambda: _atomic_write(path, data), path)
+
+
+def _atomic_write(path: Path, data: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -82,6 +163,9 @@ class RunDir:
         self.path = Path(path)
         self.id = self.path.name
         self._handles: dict[str, Any] = {}
+        # trial records are written from threads, and one that waited for space appends
+        # an event: appends are serialised (re-entrant: that event is an append too)
+        self._lock = threading.RLock()
 
     # -- opening -------------------------------------------------------------------------
 
@@ -116,11 +200,31 @@ class RunDir:
     # -- writing -------------------------------------------------------------------------
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._append_locked(name, record)
+
+    def _append_locked(self, name: str, record: dict[str, Any]) -> None:
         fh = self._handles.get(name)
         if fh is None:
-            fh = self._handles[name] = (self.path / name).open("a", encoding="utf-8")
-        fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
-        fh.flush()
+            # unbuffered: each write says how much reached the file, so a line cut short by
+            # a full disk is finished, not written twice, once there is space again
+            fh = self._handles[name] = (self.path / name).open("ab", buffering=0)
+        line = memoryview((json.dumps(record, sort_keys=True, default=str) + "\n").encode())
+        waited = 0.0
+
+        def note(seconds: float) -> None:
+            nonlocal waited
+            waited += seconds
+
+        while line:
+            written = wait_for_space(
+                lambda view=line: fh.write(view), self.path / name, on_waited=note
+            )
+            line = line[written or 0 :]
+        if waited and name == self.EVENTS and record.get("event") == "disk_full":
+            return
+        if waited:
+            self.append_event("disk_full", waited_s=round(waited, 2), file=name)
 
     def append_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         self._append(self.METRICS, {"step": step, **metrics})
@@ -138,20 +242,30 @@ class RunDir:
         path = self.path / "trials" / f"{trial.trial_id}.json"
         if path.exists():
             raise FileExistsError(f"trial {trial.trial_id} is already recorded at {path}")
-        atomic_write(path, encode(trial))
+        data = encode(trial)
+        waited = 0.0
+
+        def note(seconds: float) -> None:
+            nonlocal waited
+            waited = seconds
+
+        wait_for_space(lambda: _atomic_write(path, data), path, on_waited=note)
+        if waited:
+            self.append_event("disk_full", waited_s=round(waited, 2), file=f"trials/{path.name}")
         return path
 
     def sync(self) -> None:
         """Make every append so far durable (called at step boundaries)."""
-        for fh in self._handles.values():
-            fh.flush()
-            os.fsync(fh.fileno())
+        with self._lock:
+            for fh in self._handles.values():
+                os.fsync(fh.fileno())
 
     def close(self) -> None:
         self.sync()
-        for fh in self._handles.values():
-            fh.close()
-        self._handles.clear()
+        with self._lock:
+            for fh in self._handles.values():
+                fh.close()
+            self._handles.clear()
 
     # -- reading -------------------------------------------------------------------------
 

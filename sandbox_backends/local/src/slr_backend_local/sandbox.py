@@ -51,6 +51,7 @@ class _Command:
     def __init__(self, proc: asyncio.subprocess.Process, marker: str) -> None:
         self.proc = proc
         self.marker = marker
+        self.ended = False  # killed on purpose (a timeout, a cancel, end_processes, stop)
         try:
             # Opened while the process cannot have been reaped yet (the exec has not waited).
             self.pidfd: int | None = os.pidfd_open(proc.pid)
@@ -210,6 +211,14 @@ class LocalSandbox:
         proc = cmd.proc
         self._check()
         code = proc.returncode
+        if self.bwrap is not None and not cmd.ended and code is not None and code < 0:
+            # bwrap reports what happened inside as an exit status; bwrap itself dying by a
+            # signal nobody here sent is the sandbox killed from outside (nothing inside can
+            # reach it): an infrastructure failure, not the command's (nor the policy's)
+            raise SandboxError(
+                f"sandbox {self.id}: its bubblewrap process was killed by signal {-code} "
+                f"from outside the sandbox"
+            )
         return ExecResult(
             # A signal shows as 128 + its number, as in a shell (asyncio gives -signum).
             exit_code=137 if code is None else (128 - code if code < 0 else code),
@@ -258,6 +267,7 @@ class LocalSandbox:
 
     async def _end(self, cmd: _Command) -> None:
         """Kill a command and everything it started, bubblewrap's escaped init included."""
+        cmd.ended = True
         if cmd.proc.returncode is None:  # once reaped, its pid may be another process's
             _kill_tree(cmd.proc.pid)
         await cmd.exited()
@@ -316,6 +326,7 @@ class LocalSandbox:
             return
         self._stopped = True
         for cmd in list(self._procs):
+            cmd.ended = True
             _kill_tree(cmd.proc.pid)
         # A safety net: anything still running on this workspace (a sandbox whose bwrap
         # parent died without taking it along) is found by its root and killed.
