@@ -8,7 +8,7 @@ The run: ``slr run`` (the CLI, in its own process group) in async mode with two 
 replicas and the trainer as Ray actors (a private local Ray), a tiny random model, the real
 mini-swe-agent (one model call per trial) or the model-free ``oracle``, the local
 (bubblewrap) backend, on examples/tasks. Its run directory lives on a small tmpfs the bench
-mounts (so the disk can be filled without touching the host's).
+mounts (so its disk can be made full without touching the host's).
 
 The faults, at seeded random times over ``--duration`` seconds (``--faults`` picks kinds):
 
@@ -17,7 +17,8 @@ The faults, at seeded random times over ``--duration`` seconds (``--faults`` pic
 - ``sandbox``: SIGKILL a running sandbox command's bubblewrap (the sandbox dies);
 - ``coordinator``: SIGKILL ``slr run`` with everything it started, then
   ``slr run --resume``;
-- ``disk``: fill the run directory's filesystem for ``--disk-hold`` seconds, then free it.
+- ``disk``: the run directory's filesystem full for ``--disk-hold`` seconds (the tmpfs
+  shrunk to what it holds), then grown back.
 
 Every process the bench kills is one it started (a descendant of its ``slr run``); the
 tmpfs is its own. Docker daemon restarts are not injected: the run uses the local backend
@@ -140,9 +141,17 @@ def config_toml(args: argparse.Namespace, model: Path, runs: Path) -> str:
     return tomli_w.dumps(data)
 
 
+def _remount(path: Path, size: int) -> bool:
+    res = subprocess.run(
+        ["mount", "-o", f"remount,size={size}", str(path)], capture_output=True, check=False
+    )
+    return res.returncode == 0
+
+
 @contextlib.contextmanager
 def small_disk(path: Path, mb: int) -> Iterator[bool]:
-    """A tmpfs of ``mb`` MiB at ``path`` (True), or a plain folder where none can be mounted."""
+    """A tmpfs of at most ``mb`` MiB at ``path`` (True; it takes memory only for what it
+    holds), or a plain folder where none can be mounted (False: no disk fault)."""
     path.mkdir(parents=True, exist_ok=True)
     res = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={mb}m,mode=0755", "slr-soak", str(path)],
@@ -235,15 +244,17 @@ class Soak:
         if kind == "disk":
             if not self.tmpfs:
                 return None
-            filler = self.runs / ".soak-filler"
-            free = shutil.disk_usage(self.runs).free
-            with filler.open("wb") as fh, contextlib.suppress(OSError):
-                chunk = b"\0" * (1 << 20)
-                for _ in range(free // len(chunk) + 2):
-                    fh.write(chunk)
+            # full at once and without allocating anything: the tmpfs shrinks to what it
+            # holds (a write that grew it in between makes the remount fail: measure again)
+            for _ in range(20):
+                used = shutil.disk_usage(self.runs).used
+                if _remount(self.runs, -(-used // 4096) * 4096):
+                    break
+            else:
+                return None
             full_at = time.time()
             self._wait(self.args.disk_hold)
-            filler.unlink()
+            _remount(self.runs, self.args.disk_mb << 20)
             return {"kind": kind, "at": full_at, "end": time.time(), "held_s": self.args.disk_hold}
         raise ValueError(kind)
 
@@ -390,7 +401,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, default=0, help="rollout workers (Ray actors)")
     ap.add_argument("--agent", choices=["mini-swe-agent", "oracle"], default="mini-swe-agent")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--disk-mb", type=int, default=256, help="size of the run dir's tmpfs")
+    ap.add_argument("--disk-mb", type=int, default=4096, help="size of the run dir's tmpfs")
     ap.add_argument("--disk-hold", type=float, default=8.0, help="seconds the disk stays full")
     ap.add_argument("--grace", type=float, default=600, help="seconds to finish after faults")
     ap.add_argument("--max-crashes", type=int, default=3, help="unplanned stops resumed")

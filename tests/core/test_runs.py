@@ -121,11 +121,10 @@ def small_disk(tmp_path):
 
 def _fill(disk) -> os.PathLike:
     filler = disk / "filler"
-    with open(filler, "wb") as fh:
+    with open(filler, "wb", buffering=0) as fh:
         try:
             while True:
                 fh.write(b"\0" * 4096)
-                fh.flush()
         except OSError:
             pass
     return filler
@@ -149,7 +148,7 @@ def test_a_full_disk_waits_for_space_then_records_whole(small_disk, monkeypatch)
         if filler.exists():
             filler.unlink()
 
-    monkeypatch.setattr(runs, "_pause", free_on_first_wait)
+    monkeypatch.setattr(runs, "_pause", free_on_first_wait, raising=False)
     run.write_trial(_trial("t-0"))
     _fill(small_disk)
     run.append_metrics(2, {"loss": 0.25, "pad": "x" * 5000})

@@ -1,7 +1,7 @@
 """A local sandbox killed from outside (its bubblewrap SIGKILLed on the host, as an OOM
 killer, an operator or a dying node would) is a ``SandboxError``, so the trial ends as
 ``sandbox_error``, an infrastructure failure; a command killed inside the sandbox is
-still that command's exit status (137), the agent's doing.
+still that command's exit status, the agent's doing.
 
 Without the check, the outside kill read as exit 137 from the command: the agent's crash
 or a failed test run, scored against the policy.
@@ -50,7 +50,8 @@ def test_bwrap_killed_from_outside_is_a_sandbox_error(tmp_path, example_tasks):
         sb = await backend.start(example_tasks[0], trial_id="outside-kill", labels={})
         try:
             inside = await sb.exec("kill -9 $$")
-            assert inside.exit_code == 137  # killed inside: the command's own status
+            # killed inside: the command's own status (bwrap reports it as 256 - signal)
+            assert inside.exit_code in (137, 247), inside
             # a command that says it started (a file on the host side of the workspace)
             ready = sb.host_path("/tmp/started")
             running = asyncio.ensure_future(sb.exec("touch /tmp/started; exec sleep 60"))
