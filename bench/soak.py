@@ -46,12 +46,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak_audit import audit, first_progress_after  # noqa: E402
+from soak_audit import audit, first_progress_after
 
 ROOT = Path(__file__).resolve().parents[1]
 SLR = str(Path(sys.executable).with_name("slr"))
@@ -253,7 +253,7 @@ class Soak:
             else:
                 return None
             full_at = time.time()
-            self._wait(self.args.disk_hold)
+            time.sleep(self.args.disk_hold)  # the fault's length, whatever the run does
             _remount(self.runs, self.args.disk_mb << 20)
             return {"kind": kind, "at": full_at, "end": time.time(), "held_s": self.args.disk_hold}
         raise ValueError(kind)
@@ -290,19 +290,20 @@ class Soak:
         while not self._check_exit() and not self._recorded():
             self._wait(0.5)
         t0 = time.monotonic()
-        times = sorted(self.rng.uniform(0, args.duration) for _ in range(args.n_faults))
-        plan = [(t, kinds[i % len(kinds)]) for i, t in enumerate(times)] if kinds else []
-        self.rng.shuffle(plan)  # kinds at random times, each kind about equally often
-        plan.sort(key=lambda p: p[0])
-        for when, kind in plan:
-            while time.monotonic() - t0 < when:
-                if self._check_exit():
-                    break
-                self._wait(min(0.5, when - (time.monotonic() - t0)))
-            if self.proc is not None and self.proc.poll() is not None:
-                if self._check_exit():
-                    break
-            fault = self.inject(kind)
+        mean_gap = args.duration / max(1, args.n_faults)
+        order: list[str] = []
+        while kinds and len(self.faults) < args.n_faults and time.monotonic() - t0 < args.duration:
+            # one fault at a time, so each one's time to recover is its own: the next comes
+            # a random (exponential) gap after the run made progress again
+            if not self._until(self._recovered, args.grace):
+                break
+            gap_end = time.monotonic() + self.rng.expovariate(1 / mean_gap)
+            if not self._until(lambda end=gap_end: time.monotonic() >= end, mean_gap * 10):
+                break
+            if not order:
+                order = list(kinds)
+                self.rng.shuffle(order)  # every kind as often as the others, in random order
+            fault = self.inject(order.pop())
             if fault is not None:
                 self.faults.append(fault)
         deadline = t0 + args.duration + args.grace
@@ -313,6 +314,23 @@ class Soak:
                 break
             self._wait(1.0)
         return time.monotonic() - t_start
+
+    def _until(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Watch the run (resuming it if it died) until ``done()``: True; False if the run
+        finished or ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if self._check_exit() or time.monotonic() > deadline:
+                return False
+            self._wait(0.25)
+        return True
+
+    def _recovered(self) -> bool:
+        """Whether the run recorded a completed trial since the last fault ended."""
+        run = self.run_path()
+        if not self.faults or run is None:
+            return True
+        return first_progress_after(run, self.faults[-1]["end"]) is not None
 
     def _recorded(self) -> bool:
         run = self.run_path()
@@ -385,6 +403,7 @@ def run_soak(args: argparse.Namespace) -> dict[str, Any]:
             out = figures(soak, wall)
             if args.keep:
                 shutil.copytree(runs, args.keep, dirs_exist_ok=True)
+                shutil.copy2(soak.log, Path(args.keep) / "slr.log")
         return out
 
 

@@ -66,7 +66,9 @@ def audit(run_path: Path, *, n_per_task: int) -> dict[str, Any]:
     discarded = _records(run.path / "trials" / "discarded")
     by_id = {t.trial_id: t for t, _ in kept}
     terminations = Counter(t.termination.value for t, _ in kept)
-    infra = sum(n for k, n in terminations.items() if TerminationReason(k).is_infrastructure_failure)
+    infra = sum(
+        n for k, n in terminations.items() if TerminationReason(k).is_infrastructure_failure
+    )
     corrupt = sum(1 for t, _ in kept + discarded if t.error == "CORRUPT RECORD")
 
     per_step = trained_groups_per_step(run.path)
