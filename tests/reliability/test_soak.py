@@ -19,7 +19,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _soak():
@@ -35,8 +35,8 @@ def test_killing_an_engine_replica_and_a_sandbox_mid_run_loses_nothing():
     soak = _soak()
     args = soak.parser().parse_args(
         [
-            "--agent", "oracle", "--trials", "8", "--concurrency", "4",
-            "--duration", "1", "--n-faults", "2", "--faults", "engine,sandbox",
+            "--agent", "oracle", "--trials", "12", "--concurrency", "4",
+            "--duration", "2", "--n-faults", "2", "--faults", "engine,sandbox",
             "--grace", "180",
         ]
     )  # fmt: skip
