@@ -174,3 +174,27 @@ def test_a_disk_that_stays_full_stops_with_a_clear_error(small_disk, monkeypatch
         run.write_trial(_trial("t-0"))
     assert not run.has_trial("t-0")
     assert not list((run.path / "trials").glob(".*.tmp")), "a temporary file was left"
+
+
+@pytest.mark.timeout(60)
+def test_a_checkpoint_on_a_full_disk_waits_and_starts_over(small_disk, monkeypatch):
+    """torch's ``save`` loses the reason (a bare RuntimeError); the checkpoint still waits
+    for space, starts over from nothing, and is complete and loadable afterwards."""
+    import torch
+
+    import slr.runs as runs
+    from slr import checkpoints
+
+    run = RunDir.create(small_disk, "exp", "x = 1\n")
+    filler = _fill(small_disk)
+    monkeypatch.setattr(runs, "_pause", lambda s: filler.unlink(missing_ok=True), raising=False)
+
+    def save(folder):
+        torch.save({"w": torch.arange(50_000, dtype=torch.float32)}, folder / "w.pt")
+
+    path = runs.wait_for_space(
+        lambda: checkpoints.write_checkpoint(run, 1, save=save, metrics={"loss": 1.0}),
+        checkpoints.checkpoint_dir(run, 1),
+    )
+    assert checkpoints.latest_checkpoint(run) == path
+    assert torch.load(path / "w.pt")["w"][-1] == 49_999

@@ -28,6 +28,7 @@ import datetime as dt
 import errno
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -48,6 +49,8 @@ T = TypeVar("T")
 #: How long a write to a full disk waits for space before the run stops (``DiskFull``).
 DISK_FULL_WAIT_S = 900.0
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: Free bytes under which a failed write is taken for a full disk (see ``is_disk_full``).
+_NEARLY_FULL = 1 << 20
 #: How a write waiting for space waits (a test frees the disk from here).
 _pause = time.sleep
 
@@ -56,19 +59,29 @@ class DiskFull(SlrError):
     """The run directory's disk stayed full for ``DISK_FULL_WAIT_S``."""
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc``, or an error it came from, is a full disk or an exhausted quota
-    (a library such as torch may wrap the ``OSError`` in its own error)."""
+def is_disk_full(exc: BaseException, where: Path | None = None) -> bool:
+    """Whether ``exc`` is a full disk or an exhausted quota: an ``OSError`` saying so,
+    here or in an error it came from; or, for a library that loses the reason (torch's
+    ``save`` raises a bare ``RuntimeError``), any failed write with next to no space
+    left on ``where``'s filesystem."""
     seen: BaseException | None = exc
     for _ in range(10):
         if seen is None:
-            return False
+            break
         if isinstance(seen, OSError) and seen.errno in _FULL:
             return True
         if "No space left on device" in str(seen) or "Disk quota exceeded" in str(seen):
             return True
         seen = seen.__cause__ or seen.__context__
-    return False
+    if where is None or not isinstance(exc, OSError | RuntimeError):
+        return False
+    existing = Path(where)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        return shutil.disk_usage(existing).free < _NEARLY_FULL
+    except OSError:
+        return False
 
 
 def wait_for_space(
@@ -84,7 +97,7 @@ def wait_for_space(
         try:
             result = write()
         except Exception as exc:
-            if not is_disk_full(exc):
+            if not is_disk_full(exc, where):
                 raise
             now = time.monotonic()
             if started is None:
