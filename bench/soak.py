@@ -372,6 +372,14 @@ def figures(soak: Soak, wall_s: float) -> dict[str, Any]:
         "concurrency": soak.args.concurrency,
         "tmpfs": soak.tmpfs,
         "faults": by_kind,
+        "fault_log": [
+            {
+                "kind": f["kind"],
+                "held_s": round(f["end"] - f["at"], 2),
+                "recovered_s": f["recovered_s"],
+            }
+            for f in soak.faults
+        ],
         "crashes": len(soak.crashes),
         "crash_tails": [c["tail"] for c in soak.crashes],
         "resumes": soak.resumes,
