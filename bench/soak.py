@@ -370,6 +370,8 @@ def figures(soak: Soak, wall_s: float) -> dict[str, Any]:
         "seed": soak.args.seed,
         "agent": soak.args.agent,
         "concurrency": soak.args.concurrency,
+        "rollout_workers": soak.args.workers,
+        "trials_asked": soak.args.trials,
         "tmpfs": soak.tmpfs,
         "faults": by_kind,
         "fault_log": [

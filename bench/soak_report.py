@@ -106,7 +106,8 @@ def render(soak: dict[str, Any], fuzz: dict[str, Any], dead: list[tuple[str, str
         "dead clients), from one run of each bench on the machine that wrote this page.",
         "",
         f"Soak: `slr run` in async mode ({soak.get('agent')} agent, local backend, two engine",
-        f"replicas and the trainer as Ray actors, concurrency {soak.get('concurrency')}),",
+        f"replicas, the trainer and {soak.get('rollout_workers') or 'no'} rollout worker(s) as "
+        f"Ray actors, concurrency {soak.get('concurrency')}),",
         f"{soak.get('duration_s')} s of faults, {soak.get('wall_s')} s in all, seed "
         f"{soak.get('seed')}; the run directory on a tmpfs: {soak.get('tmpfs')}. Every",
         "count is read from the run directory after the run (`bench/soak_audit.py`).",
