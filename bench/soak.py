@@ -440,7 +440,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep", type=Path, default=None, help="copy the run directory here")
     ap.add_argument("--json", dest="json_path", default=None, help="also write the JSON here")
     ap.add_argument("--report", action="store_true", help="write docs/reliability.md")
-    ap.add_argument("--soak-json", type=Path, default=None, help="--report: a soak's JSON")
+    ap.add_argument("--soak-json", type=Path, action="append",
+                    help="--report: a soak's JSON (repeat for several; default: soak now)")  # fmt: skip
     ap.add_argument("--fuzz-json", type=Path, default=None, help="--report: proxy_fuzz --json")
     ap.add_argument("--fuzz-n", type=int, default=1000, help="--report: run proxy_fuzz --n N")
     return ap
