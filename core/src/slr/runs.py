@@ -15,7 +15,8 @@ mid-append leaves at most a torn last line, which readers skip and the next writ
 
 A full disk (or an exhausted quota) does not stop a run: a write that finds no space waits
 for space (``wait_for_space``: it retries with back-off, up to ``DISK_FULL_WAIT_S``), then
-completes, and the run notes how long it waited (a ``disk_full`` event). Only a disk that
+completes; the log says how long it waited, and a trial record, metrics line or
+checkpoint that waited leaves a ``disk_full`` event. Only a disk that
 stays full that long stops the run, with ``DiskFull``: what was written stays whole, and
 ``slr run --resume`` continues once there is space.
 ``slr status``, ``slr eval --checkpoint`` and resume read only through ``RunDir`` (and
