@@ -13,14 +13,15 @@ Every whole-file write goes to a temporary file and is renamed into place. Appen
 flushed at once and fsynced when ``sync()`` is called at step boundaries. A process killed
 mid-append leaves at most a torn last line, which readers skip and the next writer repairs.
 
-A full disk (or an exhausted quota) does not stop a run: a write that finds no space waits
-for space (``wait_for_space``: it retries with back-off, up to ``DISK_FULL_WAIT_S``), then
-completes; the log says how long it waited, and a trial record, metrics line or
-checkpoint that waited leaves a ``disk_full`` event. Only a disk that
-stays full that long stops the run, with ``DiskFull``: what was written stays whole, and
-``slr run --resume`` continues once there is space.
 ``slr status``, ``slr eval --checkpoint`` and resume read only through ``RunDir`` (and
 ``slr.checkpoints``).
+
+A full disk (or an exhausted quota) does not stop a run: a write that finds no space waits
+for space (``wait_for_space``: it retries with back-off, up to ``DISK_FULL_WAIT_S``), then
+completes; the log says how long it waited, and a trial record, metrics line or checkpoint
+that waited leaves a ``disk_full`` event. Only a disk that stays full that long stops the
+run, with ``DiskFull``: what was written stays whole, and ``slr run --resume`` continues
+once there is space.
 """
 
 from __future__ import annotations
