@@ -128,7 +128,8 @@ def render(soaks: list[dict[str, Any]], fuzz: dict[str, Any], dead: list[tuple[s
         lines.append(
             f"- {soak.get('agent')}: concurrency {soak.get('concurrency')}, "
             f"{soak.get('rollout_workers') or 0} rollout workers, seed {soak.get('seed')}, "
-            f"{len(soak.get('fault_log', []))} faults, run directory on a tmpfs: "
+            f"{sum(f['injected'] for f in soak.get('faults', {}).values())} faults, "
+            f"run directory on a tmpfs: "
             f"{soak.get('tmpfs')}"
         )
     lines += [
