@@ -121,7 +121,9 @@ def render(soaks: list[dict[str, Any]], fuzz: dict[str, Any], dead: list[tuple[s
         "fault at a time, engine replicas, rollout workers, running sandboxes and the",
         "coordinator (then `slr run --resume`), and makes the run directory's disk full. Every",
         "count is read from the run directory after the run (`bench/soak_audit.py`); time to",
-        "recover is from the fault's end to the next completed trial recorded.",
+        "recover is from the fault's end to the next completed trial recorded (for the",
+        "coordinator, that includes a fresh `slr run --resume` starting Ray, the engine",
+        "replicas, the trainer and its preflight on the machine as loaded as it was).",
         "",
     ]
     for soak in soaks:
