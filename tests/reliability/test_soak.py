@@ -19,7 +19,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(300)]
 
 
 def _soak():
