@@ -289,7 +289,6 @@ class Soak:
         # faults start once the first trial is recorded (the run is under load by then)
         while not self._check_exit() and not self._recorded():
             self._wait(0.5)
-        t0 = time.monotonic()
         # --n-faults spread over about --duration seconds: exponential gaps of that mean
         mean_gap = args.duration / max(1, args.n_faults)
         order: list[str] = []
@@ -309,7 +308,7 @@ class Soak:
             fault = self.inject(order.pop())
             if fault is not None:
                 self.faults.append(fault)
-        deadline = t0 + args.duration + args.grace
+        deadline = time.monotonic() + args.grace  # to finish, once the faults are over
         while not self._check_exit():
             if time.monotonic() > deadline:
                 self.crashes.append({"at": time.time(), "rc": None, "tail": "did not finish"})
