@@ -10,7 +10,9 @@ mini-swe-agent (one model call per trial) or the model-free ``oracle``, the loca
 (bubblewrap) backend, on examples/tasks. Its run directory lives on a small tmpfs the bench
 mounts (so its disk can be made full without touching the host's).
 
-The faults, at seeded random times over ``--duration`` seconds (``--faults`` picks kinds):
+``--n-faults`` faults, one at a time: each comes a seeded random (exponential) gap, of mean
+``--duration`` / ``--n-faults`` seconds, after the run recovered from the one before, so
+each recovery time is that fault's own. The kinds (``--faults``) take turns in random order:
 
 - ``engine``: SIGKILL an engine replica's process (Ray restarts it; sessions move);
 - ``worker``: SIGKILL a rollout worker (with ``--workers`` >= 2; its trials re-run);
