@@ -1,0 +1,236 @@
+"""`slr dashboard`: the live web UI and its static export, in a real headless Chromium.
+
+The run directory is a real one: `slr run` of the tiny model (oracle agent: real steps,
+metrics, events, trials, checkpoint), plus a session served through the real proxy (real
+policy tokens, loss mask, log-probs and transcript) recorded in the same run directory.
+Screenshots go to $SLR_TEST_ARTIFACTS (else the test's tmp folder); their paths are printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from click.testing import CliRunner
+from headless_chromium import chromium, find
+
+from slr.config import load_config
+from slr.plugins import get_plugin_manager
+from slr.rollout import RolloutSession
+from slr.runs import RunDir
+from slr_cli.dashboard.data import Run, tokenizer_decode
+from slr_cli.main import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+SLR = str(Path(sys.executable).with_name("slr"))
+BROWSER = find()
+skip_without_browser = pytest.mark.skipif(isinstance(BROWSER, str), reason=str(BROWSER))
+
+
+def needs_browser(test):
+    return pytest.mark.browser(skip_without_browser(test))
+SERVED = "served-0"
+
+
+def artifacts(tmp_path: Path) -> Path:
+    return Path(os.environ.get("SLR_TEST_ARTIFACTS") or tmp_path) / "dashboard"
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> Path:
+    """One step of `slr run` on the tiny model, plus one real proxy session in the run."""
+    from slr_engine_hf import tiny
+    from slr_engine_hf.engine import HfEngine
+
+    base = tmp_path_factory.mktemp("dash")
+    model, tok = tiny.tiny_model(hidden=32, layers=1)
+    model_dir = tiny.save(model, tok, base / "model")
+    cfg = base / "run.toml"
+    cfg.write_text(
+        f"""
+[run]
+name = "dash"
+runs_dir = "{base / "runs"}"
+steps = 1
+[tasks]
+path = "{ROOT / "examples" / "tasks"}"
+include = ["hello-world", "make-directory"]
+[rollout]
+tasks_per_step = 2
+n_per_task = 2
+concurrency = 2
+max_tokens = 12
+[agent]
+name = "oracle"
+[backend]
+name = "local"
+[engine]
+name = "hf"
+model = "{model_dir}"
+"""
+    )
+    res = subprocess.run(
+        [SLR, "run", "-c", str(cfg), "--skip-preflight"], capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    (path,) = (base / "runs").iterdir()
+    config = load_config(path=path / "config.toml", plugins=get_plugin_manager())
+
+    async def serve_one_session() -> None:
+        engine = HfEngine.from_model(model, tok)
+        run = RunDir.open(path)
+        async with RolloutSession(
+            run, plugins=get_plugin_manager(), config=config, engine=engine
+        ) as s:
+            opened = s.open_session(SERVED)
+            client = openai.AsyncOpenAI(
+                base_url=opened.openai_base_url, api_key=opened.token, max_retries=0
+            )
+            history: list[Any] = [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "List the files."},
+            ]
+            first = await client.chat.completions.create(model="policy", messages=history)
+            history += [
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "README.md setup.py"},
+            ]
+            await client.chat.completions.create(model="policy", messages=history)
+            await s.close_session(opened)
+        run.close()
+
+    asyncio.run(serve_one_session())
+    return path
+
+
+@pytest.fixture
+def served(real_run) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`slr dashboard RUN --port 0` as a user starts it; the URL it prints."""
+    with _serve(real_run) as got:
+        yield got
+
+
+@contextmanager
+def _serve(path: Path, *args: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    proc = subprocess.Popen(
+        [SLR, "dashboard", str(path.parent), "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until the server listens (or exits)
+        match = re.fullmatch(r"dashboard: (http://\S+)\n", line)
+        assert match, f"no URL line: {line!r}; stderr: {proc.stderr.read() if proc.poll() else ''}"
+        yield proc, match.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+# -- without a browser ----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_trials_detail_holds_its_real_tokens_mask_and_text(real_run):
+    record = RunDir.open(real_run).trial(SERVED)
+    assert record.trajectory is not None
+    run = Run(real_run)
+    run.decode = tokenizer_decode(None, run.config())
+    detail = run.trial_detail(SERVED)
+    (seg,) = detail["segments"]
+    recorded = record.trajectory.segments[0]
+    assert seg["ids"] == list(recorded.token_ids) and seg["mask"] == list(recorded.loss_mask)
+    assert 0 < sum(seg["mask"]) < len(seg["mask"])
+    assert seg["text"] is not None and "List the files." in "".join(seg["text"])
+    assert [c["call"] for c in detail["calls"]] == [1, 2]
+    rows = {r["id"]: r for r in run.trial_rows()}
+    assert len(rows) == 5 and rows[SERVED]["policy_tokens"] == recorded.num_policy_tokens
+
+
+@pytest.mark.timeout(60)
+def test_off_loopback_without_the_token_is_refused(real_run):
+    with _serve(real_run, "--host", "0.0.0.0") as (_, url):
+        token = re.search(r"\?token=(\S+)$", url)
+        assert token, f"off loopback the URL must carry a generated token: {url}"
+        port = int(re.search(r":(\d+)/", url).group(1))
+        local = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{local}/api/runs").status_code == 401
+        assert httpx.get(f"{local}/?token=wrong").status_code == 401
+        assert httpx.get(f"{local}/api/runs", headers={"Authorization": "Bearer x"}).status_code == 401
+        ok = httpx.get(f"{local}/api/runs", headers={"Authorization": f"Bearer {token.group(1)}"})
+        assert ok.status_code == 200 and ok.json() == [real_run.name]
+        assert httpx.get(f"{local}/?token={token.group(1)}").status_code == 200
+
+
+def test_a_missing_runs_folder_is_one_line_with_the_fix(tmp_path):
+    res = CliRunner().invoke(cli, ["dashboard", str(tmp_path / "nope"), "--no-open"])
+    assert res.exit_code != 0
+    assert "does not exist; pass a run directory" in str(res.exception or res.output)
+
+
+# -- in a real headless Chromium ------------------------------------------------------------
+
+POINTS = "return document.querySelector(`figure[data-metric='reward/mean']`)?.dataset.points"
+
+
+@needs_browser
+@pytest.mark.timeout(90)
+def test_curves_update_live_and_the_viewer_shows_a_trials_tokens(real_run, served, tmp_path):
+    _, url = served
+    shots = artifacts(tmp_path)
+    run = RunDir.open(real_run)
+    with chromium(*BROWSER) as b:
+        b.get(url)
+        assert b.wait_for(POINTS, what="the reward chart") == "1"
+        assert b.run("return document.getElementById('live').textContent") == "live"
+        # the run goes on while the page is open: a step's metrics and a trial's record
+        run.append_metrics(2, {"reward/mean": 0.25, "actor/entropy": 1.5})
+        b.wait_for(POINTS.replace("?.dataset.points", "?.dataset.points === '2'"), what="step 2")
+        b.wait_for("return document.querySelector(`figure[data-metric='actor/entropy']`)")
+        b.screenshot(shots / "live-curves.png")
+
+        b.run(f"document.querySelector(`tr[data-trial='{SERVED}']`).click()")
+        b.wait_for("return document.querySelectorAll('#viewer .tok').length", what="tokens")
+        seen = b.run(
+            "const t = [...document.querySelectorAll('#viewer .tok')];"
+            "return {pol: t.filter(e => e.dataset.mask === '1').length, all: t.length,"
+            " coloured: t.filter(e => e.dataset.mask === '1' && e.style.background).length,"
+            " text: t.map(e => e.textContent).join(''), versions:"
+            " document.querySelectorAll('#viewer .version').length}"
+        )
+        seg = RunDir.open(real_run).trial(SERVED).trajectory.segments[0]  # type: ignore[union-attr]
+        assert seen["all"] == len(seg.token_ids) and seen["pol"] == seg.num_policy_tokens
+        assert seen["coloured"] == seen["pol"] and seen["versions"] >= 1
+        assert "List the files." in seen["text"]
+        b.screenshot(shots / "trajectory.png")
+    run.close()
+
+
+@needs_browser
+@pytest.mark.timeout(60)
+def test_the_static_export_opens_from_disk_with_no_server(real_run, tmp_path):
+    out = tmp_path / "run.html"
+    res = CliRunner().invoke(cli, ["dashboard", str(real_run), "--export", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "exported 1 run(s), 5 trial(s)" in res.output
+    with chromium(*BROWSER) as b:
+        b.get(out.as_uri())
+        b.wait_for("return document.getElementById('live').textContent === 'static export'")
+        assert b.wait_for(POINTS) == "1"
+        cells = b.run("return document.querySelectorAll('#task-grid td.cell').length")
+        assert cells == 2  # two tasks at step 1
+        b.run(f"document.querySelector(`tr[data-trial='{SERVED}']`).click()")
+        assert b.wait_for("return document.querySelectorAll('#viewer .tok.pol').length")
+        b.screenshot(artifacts(tmp_path) / "export.png")
