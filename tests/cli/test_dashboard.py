@@ -1,8 +1,9 @@
 """`slr dashboard`: the live web UI and its static export, in a real headless Chromium.
 
-The run directory is a real one: `slr run` of the tiny model (oracle agent: real steps,
+The run directory is a real one: `slr run`'s ``train`` on the tiny model (oracle agent: real steps,
 metrics, events, trials, checkpoint), plus a session served through the real proxy (real
 policy tokens, loss mask, log-probs and transcript) recorded in the same run directory.
+The timeouts include building that run once per module (seconds on an idle machine).
 Screenshots go to $SLR_TEST_ARTIFACTS (else the test's tmp folder); their paths are printed.
 """
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,11 +26,14 @@ import openai
 import pytest
 from click.testing import CliRunner
 from headless_chromium import chromium, find
+from litestar.testing import TestClient
 
 from slr.config import load_config
 from slr.plugins import get_plugin_manager
 from slr.rollout import RolloutSession
 from slr.runs import RunDir
+from slr.training import train
+from slr_cli.dashboard.app import build_app
 from slr_cli.dashboard.data import Run, tokenizer_decode
 from slr_cli.main import cli
 
@@ -39,6 +45,8 @@ skip_without_browser = pytest.mark.skipif(isinstance(BROWSER, str), reason=str(B
 
 def needs_browser(test):
     return pytest.mark.browser(skip_without_browser(test))
+
+
 SERVED = "served-0"
 
 
@@ -79,12 +87,11 @@ name = "hf"
 model = "{model_dir}"
 """
     )
-    res = subprocess.run(
-        [SLR, "run", "-c", str(cfg), "--skip-preflight"], capture_output=True, text=True, timeout=300
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    (path,) = (base / "runs").iterdir()
-    config = load_config(path=path / "config.toml", plugins=get_plugin_manager())
+    # `slr run`'s own entry (in this process: the model's libraries are imported once)
+    run_dir = train(load_config(cfg, plugins=get_plugin_manager()))
+    run_dir.close()
+    path = run_dir.path
+    config = load_config(path / "config.toml", plugins=get_plugin_manager())
 
     async def serve_one_session() -> None:
         engine = HfEngine.from_model(model, tok)
@@ -114,35 +121,42 @@ model = "{model_dir}"
 
 
 @pytest.fixture
-def served(real_run) -> Iterator[tuple[subprocess.Popen, str]]:
-    """`slr dashboard RUN --port 0` as a user starts it; the URL it prints."""
-    with _serve(real_run) as got:
-        yield got
+def served(real_run, tmp_path) -> Iterator[tuple[Path, str]]:
+    """A copy of the run (the test writes to it), and the URL `slr dashboard RUNS_DIR
+    --port 0` prints, started as a user starts it."""
+    copy = tmp_path / "runs" / real_run.name
+    shutil.copytree(real_run, copy)
+    with _serve(copy) as (_, url):
+        yield copy, url
 
 
 @contextmanager
 def _serve(path: Path, *args: str) -> Iterator[tuple[subprocess.Popen, str]]:
-    proc = subprocess.Popen(
-        [SLR, "dashboard", str(path.parent), "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # blocks until the server listens (or exits)
-        match = re.fullmatch(r"dashboard: (http://\S+)\n", line)
-        assert match, f"no URL line: {line!r}; stderr: {proc.stderr.read() if proc.poll() else ''}"
-        yield proc, match.group(1)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(
+            [SLR, "dashboard", str(path.parent), "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # blocks until the server listens (or exits)
+            match = re.fullmatch(r"dashboard: (http://\S+)\n", line)
+            if match is None:
+                proc.wait(timeout=20)
+                stderr.seek(0)
+                raise AssertionError(f"no URL line: {line!r}; stderr: {stderr.read()[-3000:]}")
+            yield proc, match.group(1)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
 
 
 # -- without a browser ----------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 def test_a_trials_detail_holds_its_real_tokens_mask_and_text(real_run):
     record = RunDir.open(real_run).trial(SERVED)
     assert record.trajectory is not None
@@ -159,19 +173,31 @@ def test_a_trials_detail_holds_its_real_tokens_mask_and_text(real_run):
     assert len(rows) == 5 and rows[SERVED]["policy_tokens"] == recorded.num_policy_tokens
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 def test_off_loopback_without_the_token_is_refused(real_run):
     with _serve(real_run, "--host", "0.0.0.0") as (_, url):
         token = re.search(r"\?token=(\S+)$", url)
         assert token, f"off loopback the URL must carry a generated token: {url}"
-        port = int(re.search(r":(\d+)/", url).group(1))
+        port = int(url.split(":")[2].split("/")[0])
         local = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{local}/api/runs").status_code == 401
         assert httpx.get(f"{local}/?token=wrong").status_code == 401
-        assert httpx.get(f"{local}/api/runs", headers={"Authorization": "Bearer x"}).status_code == 401
+        assert (
+            httpx.get(f"{local}/api/runs", headers={"Authorization": "Bearer x"}).status_code == 401
+        )
         ok = httpx.get(f"{local}/api/runs", headers={"Authorization": f"Bearer {token.group(1)}"})
         assert ok.status_code == 200 and ok.json() == [real_run.name]
         assert httpx.get(f"{local}/?token={token.group(1)}").status_code == 200
+
+
+@pytest.mark.timeout(240)
+def test_on_loopback_a_request_naming_another_host_is_refused(real_run):
+    app = build_app(real_run.parent)
+    with TestClient(app, base_url="http://rebound.example:8265") as c:
+        assert c.get("/api/runs").status_code == 400  # DNS rebinding onto 127.0.0.1
+    for base in ("http://127.0.0.1:8265", "http://localhost:8265"):
+        with TestClient(app, base_url=base) as c:
+            assert c.get("/api/runs").json() == [real_run.name]
 
 
 def test_a_missing_runs_folder_is_one_line_with_the_fix(tmp_path):
@@ -186,11 +212,11 @@ POINTS = "return document.querySelector(`figure[data-metric='reward/mean']`)?.da
 
 
 @needs_browser
-@pytest.mark.timeout(90)
-def test_curves_update_live_and_the_viewer_shows_a_trials_tokens(real_run, served, tmp_path):
-    _, url = served
+@pytest.mark.timeout(240)
+def test_curves_update_live_and_the_viewer_shows_a_trials_tokens(served, tmp_path):
+    path, url = served
     shots = artifacts(tmp_path)
-    run = RunDir.open(real_run)
+    run = RunDir.open(path)
     with chromium(*BROWSER) as b:
         b.get(url)
         assert b.wait_for(POINTS, what="the reward chart") == "1"
@@ -199,18 +225,21 @@ def test_curves_update_live_and_the_viewer_shows_a_trials_tokens(real_run, serve
         run.append_metrics(2, {"reward/mean": 0.25, "actor/entropy": 1.5})
         b.wait_for(POINTS.replace("?.dataset.points", "?.dataset.points === '2'"), what="step 2")
         b.wait_for("return document.querySelector(`figure[data-metric='actor/entropy']`)")
+        b.run("document.getElementById('curves').scrollIntoView()")
         b.screenshot(shots / "live-curves.png")
 
         b.run(f"document.querySelector(`tr[data-trial='{SERVED}']`).click()")
-        b.wait_for("return document.querySelectorAll('#viewer .tok').length", what="tokens")
+        b.wait_for(
+            "return document.querySelectorAll('#viewer .segment .tok').length", what="tokens"
+        )
         seen = b.run(
-            "const t = [...document.querySelectorAll('#viewer .tok')];"
+            "const t = [...document.querySelectorAll('#viewer .segment .tok')];"
             "return {pol: t.filter(e => e.dataset.mask === '1').length, all: t.length,"
             " coloured: t.filter(e => e.dataset.mask === '1' && e.style.background).length,"
             " text: t.map(e => e.textContent).join(''), versions:"
             " document.querySelectorAll('#viewer .version').length}"
         )
-        seg = RunDir.open(real_run).trial(SERVED).trajectory.segments[0]  # type: ignore[union-attr]
+        seg = run.trial(SERVED).trajectory.segments[0]  # type: ignore[union-attr]
         assert seen["all"] == len(seg.token_ids) and seen["pol"] == seg.num_policy_tokens
         assert seen["coloured"] == seen["pol"] and seen["versions"] >= 1
         assert "List the files." in seen["text"]
@@ -219,18 +248,35 @@ def test_curves_update_live_and_the_viewer_shows_a_trials_tokens(real_run, serve
 
 
 @needs_browser
-@pytest.mark.timeout(60)
-def test_the_static_export_opens_from_disk_with_no_server(real_run, tmp_path):
+@pytest.mark.timeout(240)
+def test_the_static_export_opens_from_disk_and_compares_two_runs(real_run, tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("a-run", "b-run"):
+        shutil.copytree(real_run, runs / name)
+    RunDir.open(runs / "b-run").append_metrics(2, {"reward/mean": 0.5})
     out = tmp_path / "run.html"
-    res = CliRunner().invoke(cli, ["dashboard", str(real_run), "--export", str(out)])
+    res = CliRunner().invoke(cli, ["dashboard", str(runs), "--export", str(out)])
     assert res.exit_code == 0, res.output
-    assert "exported 1 run(s), 5 trial(s)" in res.output
+    assert "exported 2 run(s), 10 trial(s)" in res.output
     with chromium(*BROWSER) as b:
-        b.get(out.as_uri())
+        b.get(out.as_uri())  # file://, no server anywhere
         b.wait_for("return document.getElementById('live').textContent === 'static export'")
         assert b.wait_for(POINTS) == "1"
-        cells = b.run("return document.querySelectorAll('#task-grid td.cell').length")
-        assert cells == 2  # two tasks at step 1
+        cells = b.run(
+            "return [...document.querySelectorAll('#task-grid td.cell')]"
+            ".map(td => [td.dataset.task, td.dataset.step, td.className])"
+        )
+        assert sorted(cells) == [  # the oracle solves both tasks; the served session has no reward
+            ["hello-world", "1", "cell solved"],
+            ["make-directory", "1", "cell solved"],
+            ["serve", "-1", "cell unscored"],
+        ]
+        b.run("document.querySelector(`input[data-run='b-run']`).click()")
+        assert b.wait_for(POINTS.replace("?.dataset.points", "?.dataset.points === '3'"))
+        lines = "return document.querySelectorAll(`figure[data-metric='reward/mean'] path`).length"
+        assert b.run(lines) == 2  # one line per run on the same chart
+        b.run("document.getElementById('curves').scrollIntoView()")
+        b.screenshot(artifacts(tmp_path) / "export-compare.png")
         b.run(f"document.querySelector(`tr[data-trial='{SERVED}']`).click()")
-        assert b.wait_for("return document.querySelectorAll('#viewer .tok.pol').length")
-        b.screenshot(artifacts(tmp_path) / "export.png")
+        assert b.wait_for("return document.querySelectorAll('#viewer .segment .tok.pol').length")
+        b.screenshot(artifacts(tmp_path) / "export-trajectory.png")

@@ -197,7 +197,9 @@ class RunDir:
         """Records appended to ``name`` (``METRICS`` or ``EVENTS``) since byte ``offset``,
         and the offset to pass next time (``read_jsonl_from``): how a live reader tails."""
         if name not in (self.METRICS, self.EVENTS):
-            raise ValueError(f"{name!r} is not one of the run's logs ({self.METRICS}, {self.EVENTS})")
+            raise ValueError(
+                f"{name!r} is not one of the run's logs ({self.METRICS}, {self.EVENTS})"
+            )
         return read_jsonl_from(self.path / name, offset)
 
     def trial_ids(self) -> set[str]:

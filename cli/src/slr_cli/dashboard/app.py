@@ -7,7 +7,8 @@ with no data in it). ``GET /api/runs`` lists the runs under the folder, ``GET
 server-sent event stream from those offsets: every metrics / events line and every trial
 record as it is written, read by offset (never the whole file again).
 
-With a token every request must carry it (``Authorization: Bearer``, or ``?token=`` for
+Without a token (loopback) a request must name a loopback host (a page that rebinds its own
+name to 127.0.0.1 is refused). With a token every request must carry it (``Authorization: Bearer``, or ``?token=`` for
 the page and its event stream, which a browser cannot give headers), compared in constant
 time; anything else gets 401.
 """
@@ -57,6 +58,17 @@ class Runs:
         return run
 
 
+#: Host names a page on loopback is reached by (a DNS-rebinding page names its own).
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _host_name(request: Request) -> str:
+    host = request.headers.get("host", "")
+    if host.startswith("["):
+        return host[1 : host.find("]")]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
 def _authorized(request: Request, token: str) -> bool:
     given = request.query_params.get("token") or ""
     header = request.headers.get("authorization", "")
@@ -96,6 +108,15 @@ def build_app(
     page = render_page(None)
 
     def check_token(request: Request) -> Response | None:
+        if token is None and _host_name(request) not in LOOPBACK_NAMES:
+            # no token means loopback: a request naming another host came through a
+            # name that resolves here (DNS rebinding), not from this machine's browser
+            return Response(
+                f"400: host {_host_name(request)!r} is not this machine's loopback; open "
+                "the URL the dashboard printed, or give it a --token\n",
+                status_code=400,
+                media_type="text/plain",
+            )
         if token is not None and not _authorized(request, token):
             return Response(
                 "401: this dashboard needs its token (?token=... in the URL, or "

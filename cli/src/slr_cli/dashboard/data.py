@@ -88,22 +88,6 @@ def trial_row(trial: TrialResult) -> dict[str, Any]:
     }
 
 
-def no_signal(rows: Sequence[dict[str, Any]]) -> set[str]:
-    """Trials that gave the optimizer no gradient signal: infrastructure failures (kept out
-    of the loss), trials without policy tokens, and every trial of a group whose trainable
-    rewards are all equal (its group-relative advantages are zero)."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        if row["group"] is not None:
-            groups.setdefault(row["group"], []).append(row)
-    out = {r["id"] for r in rows if not r["trainable"] or not r["policy_tokens"]}
-    for members in groups.values():
-        rewards = {r["reward"] for r in members if r["trainable"]}
-        if len(rewards) <= 1:
-            out.update(r["id"] for r in members)
-    return out
-
-
 def _tail(text: str) -> str:
     return text if len(text) <= LOG_CHARS else "…" + text[-LOG_CHARS:]
 

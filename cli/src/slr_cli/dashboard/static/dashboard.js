@@ -77,7 +77,8 @@ function lineChart(title, series, opts = {}) {
   const n = pts.length;
   let body = "";
   if (n) {
-    let [x0, x1] = [Math.min(...pts.map((p) => p[0])), Math.max(...pts.map((p) => p[0]))];
+    // every chart over the same steps (opts.steps), so they line up when scanned down
+    let [x0, x1] = opts.steps || [Math.min(...pts.map((p) => p[0])), Math.max(...pts.map((p) => p[0]))];
     let [y0, y1] = [Math.min(...pts.map((p) => p[1])), Math.max(...pts.map((p) => p[1]))];
     if (x0 === x1) { x0 -= 1; x1 += 1; }
     if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
@@ -107,7 +108,7 @@ function stackedBars(title, steps, keys, value, colorOf) {
   const W = 660, H = 190, L = 48, B = 22, T = 22, R = 150;
   const totals = steps.map((s) => keys.reduce((a, k) => a + (value(s, k) || 0), 0));
   const max = Math.max(1e-9, ...totals);
-  const bw = Math.max(2, (W - L - R) / Math.max(steps.length, 1) - 2);
+  const bw = Math.min(40, Math.max(2, (W - L - R) / Math.max(steps.length, 1) - 2));
   let body = `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" class="axis"/>` +
     `<text x="${L - 4}" y="${T + 4}" class="tick" text-anchor="end">${esc(fmt(max))}</text>`;
   steps.forEach((s, i) => {
@@ -185,10 +186,12 @@ function renderCurves() {
   const filter = $("metric-filter").value.trim();
   let re = null;
   try { re = filter ? new RegExp(filter, "i") : null; } catch { re = null; }
+  const steps = state.shown.flatMap((id) => state.runs[id].metrics.map((m) => m.step)).filter((s) => s != null);
+  const range = steps.length ? [Math.min(...steps), Math.max(...steps)] : undefined;
   const charts = metricNames().filter((k) => !re || re.test(k)).map((k) => lineChart(k, state.shown.map((id) => ({
     name: id, color: COLORS[state.order.indexOf(id) % COLORS.length],
     points: state.runs[id].metrics.filter((m) => typeof m[k] === "number" && m.step != null).map((m) => [m.step, m[k]]),
-  }))));
+  })), { steps: range }));
   $("charts").innerHTML = charts.join("") || "<p class='hint'>No metrics yet: metrics.jsonl gets a line per optimizer step.</p>";
   const run = primary();
   const split = run ? [...new Set(run.metrics.flatMap((m) => Object.keys(m)))]
@@ -231,16 +234,18 @@ function renderGrid() {
       const ts = cells[task + "\u0000" + s] || [];
       if (!ts.length) { html += "<td></td>"; continue; }
       const infra = ts.filter((t) => t.infra).length;
-      const solved = ts.filter((t) => !t.infra && (t.reward ?? 0) > 0).length;
-      const scored = ts.length - infra;
-      const cls = scored === 0 ? "infra" : solved === scored ? "solved" : solved === 0 ? "failed" : "mixed";
+      const scored = ts.filter((t) => !t.infra && t.reward != null).length;
+      const solved = ts.filter((t) => !t.infra && t.reward != null && t.reward > 0).length;
+      const cls = scored === 0 ? (infra ? "infra" : "unscored") :
+        solved === scored ? "solved" : solved === 0 ? "failed" : "mixed";
       html += `<td class="cell ${cls}" data-task="${esc(task)}" data-step="${s}" title="${esc(task)} step ${s}: ` +
-        `${solved} solved, ${scored - solved} failed, ${infra} infra">${solved}/${scored}${infra ? "+" + infra : ""}</td>`;
+        `${solved} solved, ${scored - solved} failed, ${infra} infra, ${ts.length - scored - infra} without reward">` +
+        `${solved}/${scored}${infra ? "+" + infra : ""}</td>`;
     }
     html += "</tr>";
   }
   $("grid").innerHTML = html + "</table><p class='legend'><span class='cell solved'>solved</span> " +
-    "<span class='cell mixed'>some solved</span> <span class='cell failed'>failed</span> <span class='cell infra'>infra only</span>" +
+    "<span class='cell mixed'>some solved</span> <span class='cell failed'>failed</span> <span class='cell infra'>infra only</span> <span class='cell unscored'>no reward (served)</span>" +
     " &nbsp;cells: solved/scored(+infrastructure failures); click one to list its trials</p>";
   for (const td of $("grid").querySelectorAll("td.cell[data-task]"))
     td.onclick = () => { $("trial-filter").value = td.dataset.task; renderTrials(); location.hash = "#trials"; };
@@ -288,7 +293,7 @@ function renderSegment(seg, limit) {
       version = seg.versions[i];
       html += `<span class="version" title="weights version ${esc(version)} from here">v${esc(version)}</span>`;
     }
-    if (seg.parent != null && i === seg.branch_at && i > 0) html += `<span class="branch" title="this segment diverges from its parent here">⑂</span>`;
+    if (seg.parent != null && i === seg.branch_at && i > 0) html += `<span class="branch" title="this segment diverges from its parent here">↳</span>`;
     const pol = seg.mask[i] === 1;
     const lp = seg.logprobs[i];
     const tip = `id ${seg.ids[i]} · ${pol ? "policy token (loss mask 1)" : "context (mask 0)"}` +
@@ -324,7 +329,7 @@ function renderTrial(detail) {
     `<h4>tokens</h4><p class="legend">policy tokens (loss mask 1) coloured by the probability the policy gave them: ` +
     `<span class="tok pol" style="background:${lpColor(Math.log(0.05))}">p≈0.05</span> <span class="tok pol" style="background:${lpColor(Math.log(0.5))}">p≈0.5</span> ` +
     `<span class="tok pol" style="background:${lpColor(0)}">p≈1</span>; <span class="tok ctx">context (mask 0)</span>; ` +
-    `<span class="version">vN</span> weights version; <span class="branch">⑂</span> where a segment leaves its parent.` +
+    `<span class="version">vN</span> weights version; <span class="branch">↳</span> where a segment leaves its parent.` +
     (detail.decoded ? "" : " Token text needs a tokenizer: <code>slr dashboard --tokenizer MODEL_DIR</code>.") + "</p>" +
     (detail.segments.map((s) => renderSegment(s, 4000)).join("") || "<p class='hint'>No trajectory recorded.</p>");
   for (const b of $("viewer").querySelectorAll("button.more"))
@@ -391,6 +396,14 @@ async function main() {
     const wanted = new URLSearchParams(location.search).getAll("run").filter((r) => state.order.includes(r));
     for (const id of wanted.length ? wanted : state.order.slice(-1)) await toggleRun(id, true);
     setLive("live");
+    // runs started after the page opened join the list (the newest is shown if none is)
+    setInterval(async () => {
+      const ids = await api("/api/runs").catch(() => state.order);
+      if (ids.join("\n") === state.order.join("\n")) return;
+      state.order = ids;
+      if (!state.shown.length && ids.length) await toggleRun(ids[ids.length - 1], true);
+      schedule();
+    }, 5000);
   }
   renderAll();
 }
