@@ -195,9 +195,8 @@ def test_on_loopback_a_request_naming_another_host_is_refused(real_run):
     app = build_app(real_run.parent)
     with TestClient(app, base_url="http://rebound.example:8265") as c:
         assert c.get("/api/runs").status_code == 400  # DNS rebinding onto 127.0.0.1
-    for base in ("http://127.0.0.1:8265", "http://localhost:8265"):
-        with TestClient(app, base_url=base) as c:
-            assert c.get("/api/runs").json() == [real_run.name]
+    with TestClient(app, base_url="http://127.0.0.1:8265") as c:
+        assert c.get("/api/runs").json() == [real_run.name]
 
 
 def test_a_missing_runs_folder_is_one_line_with_the_fix(tmp_path):

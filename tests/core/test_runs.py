@@ -130,3 +130,11 @@ def test_watch_reads_a_live_run_without_touching_it(tmp_path):
     assert (run.path / RunDir.EVENTS).read_bytes() == before  # open() would cut the tail
     with pytest.raises(UsageError, match="not a run directory"):
         RunDir.watch(tmp_path)
+
+
+def test_follow_goes_on_past_a_line_that_is_not_a_record(tmp_path):
+    run = RunDir.create(tmp_path, "r", "x = 1\n")
+    (run.path / RunDir.METRICS).write_text('{"step": 1}\nnot json\n[2]\n{"step": 2}\n')
+    records, at = run.follow(RunDir.METRICS)
+    assert records == [{"step": 1}, {"step": 2}]
+    assert at == (run.path / RunDir.METRICS).stat().st_size

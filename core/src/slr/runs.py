@@ -26,9 +26,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from slr.contracts import TrialResult
 from slr.contracts.serialize import decode, encode
 from slr.errors import UsageError
+
+log = structlog.get_logger()
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
@@ -72,7 +76,17 @@ def read_jsonl_from(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], 
     except FileNotFoundError:
         return [], offset
     end = data.rfind(b"\n") + 1
-    records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    records = []
+    for line in data[:end].splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            record = None  # not written by RunDir (a hand edit): a live view goes on past it
+            log.warning(
+                "run.unreadable_line", path=str(path), line=line[:200].decode(errors="replace")
+            )
+        if isinstance(record, dict):
+            records.append(record)
     return records, offset + end
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from litestar import Litestar, Request, Response, get
 from litestar.exceptions import NotFoundException
+from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 
 from slr.proxy import sse
@@ -135,11 +136,11 @@ def build_app(
         return await asyncio.to_thread(runs.ids)
 
     @get("/api/runs/{run_id:str}")
-    async def snapshot(run_id: str) -> dict[str, Any]:
+    async def snapshot(run_id: FromPath[str]) -> dict[str, Any]:
         return await asyncio.to_thread(runs.get(run_id).snapshot)
 
     @get("/api/runs/{run_id:str}/trials/{trial_id:str}")
-    async def trial(run_id: str, trial_id: str) -> dict[str, Any]:
+    async def trial(run_id: FromPath[str], trial_id: FromPath[str]) -> dict[str, Any]:
         run = runs.get(run_id)
         try:
             return await asyncio.to_thread(run.trial_detail, trial_id)
@@ -147,7 +148,9 @@ def build_app(
             raise NotFoundException(f"no trial {trial_id!r} in run {run_id!r}") from None
 
     @get("/api/runs/{run_id:str}/stream")
-    async def stream(run_id: str, metrics: int = 0, events: int = 0) -> Stream:
+    async def stream(
+        run_id: FromPath[str], metrics: FromQuery[int] = 0, events: FromQuery[int] = 0
+    ) -> Stream:
         run = runs.get(run_id)
         offsets = {"metrics": max(metrics, 0), "events": max(events, 0)}
         return Stream(

@@ -100,6 +100,8 @@ class Run:
         self.id = self.dir.id
         self.decode = decode
         self._rows: dict[str, dict[str, Any]] = {}
+        #: trial records that do not decode (left out of every panel, listed in the overview)
+        self.unreadable: set[str] = set()
 
     # -- trials ----------------------------------------------------------------------------
 
@@ -111,12 +113,14 @@ class Run:
         """Rows of the trials recorded since the last call (each file decoded once)."""
         fresh = []
         for path in self._trial_files():
-            if path.stem in self._rows:
+            if path.stem in self._rows or path.stem in self.unreadable:
                 continue
             try:
                 trial = self.dir.trial(path.stem)
-            except (OSError, ValueError):
-                continue  # unreadable: shown once readable, never crashes the view
+            except (OSError, ValueError, TypeError, KeyError):
+                # records are written whole (atomic rename): this one will not change
+                self.unreadable.add(path.stem)
+                continue
             row = self._rows[path.stem] = trial_row(trial)
             fresh.append(row)
         return fresh
@@ -175,6 +179,7 @@ class Run:
             "metrics": [clean_metrics(m) for m in metrics],
             "events": events,
             "trials": self.trial_rows(),
+            "unreadable_trials": sorted(self.unreadable),
             "offsets": {"metrics": metrics_at, "events": events_at},
         }
 

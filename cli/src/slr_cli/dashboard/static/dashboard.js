@@ -164,6 +164,8 @@ function renderOverview() {
     ["no gradient signal", run.noSignal.size], ["last checkpoint", run.checkpoints[run.checkpoints.length - 1]],
     ["last event", ev ? `${ev.event} at ${ev.time}` : "-"], ["path", run.path],
   ];
+  if (run.unreadable_trials?.length)
+    facts.push(["unreadable trial records", run.unreadable_trials.join(", ")]);
   const plugins = run.plugins.map((p) =>
     `<tr><td>${esc(p.role)}</td><td>${esc(p.name)}</td><td>${esc(p.distribution ?? "-")}</td><td>${esc(p.version ?? "-")}</td></tr>`).join("");
   $("overview-body").innerHTML =
