@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from slr.checkpoints import latest_checkpoint
 from slr.contracts import TrialResult
 from slr.errors import UsageError
 from slr.plugins import get_plugin_manager
@@ -165,17 +166,14 @@ class Run:
         metrics, metrics_at = self.dir.follow(RunDir.METRICS)
         events, events_at = self.dir.follow(RunDir.EVENTS)
         config = self.config()
+        checkpoint = latest_checkpoint(self.dir)
         return {
             "id": self.id,
             "path": str(self.dir.path),
             "config": config,
             "config_text": self._config_text(),
             "plugins": self.plugins(config),
-            "checkpoints": sorted(
-                p.name for p in (self.dir.path / "checkpoints").glob("*") if p.is_dir()
-            )
-            if (self.dir.path / "checkpoints").is_dir()
-            else [],
+            "latest_checkpoint": checkpoint.name if checkpoint else None,
             "metrics": [clean_metrics(m) for m in metrics],
             "events": events,
             "trials": self.trial_rows(),

@@ -99,6 +99,9 @@ function lineChart(title, series, opts = {}) {
           `<title>${esc(s.name)} step ${p[0]}: ${fmt(p[1])}</title></circle>`;
     }
   } else body = `<text x="${W / 2}" y="${H / 2}" text-anchor="middle" class="tick">no data</text>`;
+  if (series.length > 1)  // comparing runs: which colour is which
+    body += series.map((s, i) => `<text x="${W - R}" y="${T + 10 + i * 11}" text-anchor="end" class="tick" ` +
+      `fill="${s.color}" style="fill:${s.color}">${esc(s.name)}</text>`).join("");
   return `<figure class="chart" data-metric="${esc(title)}" data-points="${n}">` +
     `<svg viewBox="0 0 ${W} ${H}" width="${W}" height="${H}" role="img" aria-label="${esc(title)}">` +
     `<text x="${L}" y="14" class="title">${esc(title)}</text>${body}</svg></figure>`;
@@ -161,7 +164,7 @@ function renderOverview() {
     ["steps planned", run.config.run?.steps], ["mode", run.config.run?.mode],
     ["trials", run.trials.length], ["trainable", trainable.length],
     ["reward mean (trainable trials)", rewards.length ? fmt(rewards.reduce((a, b) => a + b, 0) / rewards.length) : "-"],
-    ["no gradient signal", run.noSignal.size], ["last checkpoint", run.checkpoints[run.checkpoints.length - 1]],
+    ["no gradient signal", run.noSignal.size], ["last complete checkpoint", run.latest_checkpoint],
     ["last event", ev ? `${ev.event} at ${ev.time}` : "-"], ["path", run.path],
   ];
   if (run.unreadable_trials?.length)
