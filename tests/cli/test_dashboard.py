@@ -29,6 +29,7 @@ from headless_chromium import chromium, find
 from litestar.testing import TestClient
 
 from slr.config import load_config
+from slr.contracts import Reward, TrialResult
 from slr.plugins import get_plugin_manager
 from slr.rollout import RolloutSession
 from slr.runs import RunDir
@@ -220,10 +221,30 @@ def test_curves_update_live_and_the_viewer_shows_a_trials_tokens(served, tmp_pat
         b.get(url)
         assert b.wait_for(POINTS, what="the reward chart") == "1"
         assert b.run("return document.getElementById('live').textContent") == "live"
-        # the run goes on while the page is open: a step's metrics and a trial's record
+        status = "return document.querySelector(`td[data-fact='status']`).textContent"
+        assert b.run(status) == "completed"
+        # the run goes on while the page is open: a step's metrics, a trial, an event
         run.append_metrics(2, {"reward/mean": 0.25, "actor/entropy": 1.5})
         b.wait_for(POINTS.replace("?.dataset.points", "?.dataset.points === '2'"), what="step 2")
         b.wait_for("return document.querySelector(`figure[data-metric='actor/entropy']`)")
+        run.write_trial(
+            TrialResult(
+                trial_id="s00002-00-hello-world-0",
+                task_id="hello-world",
+                step=2,
+                termination="agent_timeout",
+                reward=Reward(value=0.0),
+            )
+        )
+        run.append_event("resumed", from_step=1)  # as `slr run --resume` writes them
+        run.append_event("started", resumed=True, step=1)
+        b.wait_for(
+            "return document.querySelector(`tr[data-trial='s00002-00-hello-world-0']`)"
+            " && document.querySelector(`td[data-fact='status']`).textContent === 'running'"
+            " && document.querySelector(`td.cell[data-task='hello-world'][data-step='2']`)"
+            "?.className === 'cell failed'",
+            what="the new trial in the list and the grid, and the run's status",
+        )
         b.run("document.getElementById('curves').scrollIntoView()")
         b.screenshot(shots / "live-curves.png")
 
@@ -261,6 +282,9 @@ def test_the_static_export_opens_from_disk_and_compares_two_runs(real_run, tmp_p
         b.get(out.as_uri())  # file://, no server anywhere
         b.wait_for("return document.getElementById('live').textContent === 'static export'")
         assert b.wait_for(POINTS) == "1"
+        reasons = "return [...document.querySelectorAll('#no-signal li')].map(li => li.textContent)"
+        # the oracle agent calls no model; the served session has no reward
+        assert sorted(b.run(reasons)) == ["no policy tokens: 4", "no reward: 1"]
         cells = b.run(
             "return [...document.querySelectorAll('#task-grid td.cell')]"
             ".map(td => [td.dataset.task, td.dataset.step, td.className])"

@@ -48,7 +48,8 @@ function noSignal(trials) {
   const groups = {};
   const out = new Map();
   for (const t of trials) {
-    if (!t.trainable) out.set(t.id, "excluded: " + t.termination);
+    if (t.infra) out.set(t.id, "infrastructure failure (not in the loss)");
+    else if (!t.trainable) out.set(t.id, "no reward");
     else if (!t.policy_tokens) out.set(t.id, "no policy tokens");
     if (t.group != null) (groups[t.group] ||= []).push(t);
   }
@@ -60,13 +61,11 @@ function noSignal(trials) {
   return out;
 }
 
+// the last event says: "finished" carries the run's status; anything after it (a resume) runs
 function runStatus(run) {
-  const ev = run.events;
-  for (let i = ev.length - 1; i >= 0; i--) {
-    if (ev[i].event === "finished") return ev[i].status || "finished";
-    if (ev[i].event === "failed") return "failed";
-  }
-  return ev.length ? "running" : "not started";
+  const last = run.events[run.events.length - 1];
+  if (!last) return "not started";
+  return last.event === "finished" ? last.status || "finished" : "running";
 }
 
 // -- charts -------------------------------------------------------------------------------
