@@ -124,10 +124,12 @@ model = "{model_dir}"
 @pytest.fixture
 def served(real_run, tmp_path) -> Iterator[tuple[Path, str]]:
     """A copy of the run (the test writes to it), and the URL `slr dashboard RUNS_DIR
-    --port 0` prints, started as a user starts it."""
+    --port 0 --token T` prints, started as a user starts it (with a token, so the page's
+    every request and its event stream must carry it)."""
     copy = tmp_path / "runs" / real_run.name
     shutil.copytree(real_run, copy)
-    with _serve(copy) as (_, url):
+    with _serve(copy, "--token", "t0ken-for-the-page") as (_, url):
+        assert url.endswith("/?token=t0ken-for-the-page")  # the page and its stream carry it
         yield copy, url
 
 
