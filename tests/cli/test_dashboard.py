@@ -285,6 +285,19 @@ def test_the_static_export_opens_from_disk_and_compares_two_runs(real_run, tmp_p
         b.wait_for("return document.getElementById('live').textContent === 'static export'")
         assert b.wait_for(POINTS) == "1"
         reasons = "return [...document.querySelectorAll('#no-signal li')].map(li => li.textContent)"
+        # the page's rule, on rows it did not see: only a group with reward variance teaches
+        rule = b.run(
+            "const row = (id, group, reward, term = 'completed') => ({id, group, reward,"
+            " termination: term, infra: term !== 'completed', trainable: term === 'completed',"
+            " policy_tokens: 5});"
+            "return Object.fromEntries(noSignal([row('a', 'g', 1), row('b', 'g', 0),"
+            " row('c', 'h', 1), row('d', 'h', 1), row('e', 'h', null, 'sandbox_error')]));"
+        )
+        assert rule == {
+            "c": "group without reward variance",
+            "d": "group without reward variance",
+            "e": "infrastructure failure (not in the loss)",
+        }
         # the oracle agent calls no model; the served session has no reward
         assert sorted(b.run(reasons)) == ["no policy tokens: 4", "no reward: 1"]
         cells = b.run(
