@@ -17,20 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from slr.checkpoints import latest_checkpoint
+from slr.config import PLUGIN_SECTIONS
 from slr.contracts import TrialResult
 from slr.errors import UsageError
 from slr.plugins import get_plugin_manager
 from slr.proxy.server import TRANSCRIPT
 from slr.runs import RunDir
 
-#: The config sections whose ``name`` picks a plugin, and the kind of plugin it picks.
-PLUGIN_SECTIONS = {
-    "agent": "agent",
-    "backend": "sandbox_backend",
-    "engine": "engine",
-    "optimizer": "optimizer",
-    "verifier": "verifier",
-}
 #: Longest agent / verifier log kept in a trial's detail view (the tail is what matters).
 LOG_CHARS = 20_000
 
