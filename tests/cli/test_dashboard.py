@@ -172,6 +172,11 @@ def test_a_trials_detail_holds_its_real_tokens_mask_and_text(real_run):
     assert 0 < sum(seg["mask"]) < len(seg["mask"])
     assert seg["text"] is not None and "List the files." in "".join(seg["text"])
     assert [c["call"] for c in detail["calls"]] == [1, 2]
+    snap = Run(real_run).snapshot()  # a fresh follower: nothing read before
+    plugins = {p["role"]: p for p in snap["plugins"]}
+    assert plugins["engine"]["distribution"] == "slr-engine-hf"
+    assert plugins["agent, as recorded"]["name"] == "oracle"
+    assert [m["step"] for m in snap["metrics"]] == [1] and snap["latest_checkpoint"]
     rows = {r["id"]: r for r in run.trial_rows()}
     assert len(rows) == 5 and rows[SERVED]["policy_tokens"] == recorded.num_policy_tokens
 

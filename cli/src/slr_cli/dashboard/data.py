@@ -160,6 +160,7 @@ class Run:
         events, events_at = self.dir.follow(RunDir.EVENTS)
         config = self.config()
         checkpoint = latest_checkpoint(self.dir)
+        trials = self.trial_rows()  # first: the plugins list names the agents they recorded
         return {
             "id": self.id,
             "path": str(self.dir.path),
@@ -169,7 +170,7 @@ class Run:
             "latest_checkpoint": checkpoint.name if checkpoint else None,
             "metrics": [clean_metrics(m) for m in metrics],
             "events": events,
-            "trials": self.trial_rows(),
+            "trials": trials,
             "unreadable_trials": sorted(self.unreadable),
             "offsets": {"metrics": metrics_at, "events": events_at},
         }
