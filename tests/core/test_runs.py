@@ -104,6 +104,42 @@ def test_atomic_write_survives_a_kill_mid_write(tmp_path):
     assert json.loads(target.read_text()) == {"v": "old"}
 
 
+def test_follow_reads_each_appended_line_once_and_waits_for_a_torn_one(tmp_path):
+    run = RunDir.create(tmp_path, "r", "x = 1\n")
+    run.append_metrics(1, {"loss": 0.5})
+    records, at = run.follow(RunDir.METRICS)
+    assert [r["step"] for r in records] == [1]
+    assert run.follow(RunDir.METRICS, at) == ([], at)
+    run.append_metrics(2, {"loss": 0.4})
+    with (run.path / RunDir.METRICS).open("a") as fh:
+        fh.write('{"step": 3, "lo')  # a writer mid-append
+    records, at = run.follow(RunDir.METRICS, at)
+    assert [r["step"] for r in records] == [2]
+    with (run.path / RunDir.METRICS).open("a") as fh:
+        fh.write('ss": 0.3}\n')
+    records, _ = run.follow(RunDir.METRICS, at)
+    assert records == [{"step": 3, "loss": 0.3}]
+
+
+def test_watch_reads_a_live_run_without_touching_it(tmp_path):
+    run = RunDir.create(tmp_path, "r", "x = 1\n")
+    (run.path / RunDir.EVENTS).write_text('{"event": "started"}\n{"event": "fini')
+    before = (run.path / RunDir.EVENTS).read_bytes()
+    watched = RunDir.watch(run.path)
+    assert [e["event"] for e in watched.events()] == ["started"]
+    assert (run.path / RunDir.EVENTS).read_bytes() == before  # open() would cut the tail
+    with pytest.raises(UsageError, match="not a run directory"):
+        RunDir.watch(tmp_path)
+
+
+def test_follow_goes_on_past_a_line_that_is_not_a_record(tmp_path):
+    run = RunDir.create(tmp_path, "r", "x = 1\n")
+    (run.path / RunDir.METRICS).write_text('{"step": 1}\nnot json\n[2]\n{"step": 2}\n')
+    records, at = run.follow(RunDir.METRICS)
+    assert records == [{"step": 1}, {"step": 2}]
+    assert at == (run.path / RunDir.METRICS).stat().st_size
+
+
 # -- a full disk -----------------------------------------------------------------------------
 
 

@@ -49,7 +49,7 @@ def status(run_dir: Path, as_json: bool) -> None:
     RUN_DIR is a run directory such as runs/quickstart-20261130-101500. Safe to call while
     the run is going: it only reads.
     """
-    info = summarize(RunDir.open(run_dir))
+    info = summarize(RunDir.watch(run_dir))  # read-only: the run may be writing
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return

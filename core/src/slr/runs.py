@@ -155,6 +155,33 @@ def _repair_torn_tail(path: Path) -> None:
         fh.truncate(data.rfind(b"\n") + 1)
 
 
+def read_jsonl_from(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The complete lines of ``path`` after byte ``offset``, and the offset after the last.
+
+    A torn last line (a writer mid-append) is left for the next call, so a follower that
+    keeps the returned offset reads each record exactly once, and never the whole file again.
+    """
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    records = []
+    for line in data[:end].splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            record = None  # not written by RunDir (a hand edit): a live view goes on past it
+            log.warning(
+                "run.unreadable_line", path=str(path), line=line[:200].decode(errors="replace")
+            )
+        if isinstance(record, dict):
+            records.append(record)
+    return records, offset + end
+
+
 def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     if not path.exists():
         return
@@ -201,16 +228,28 @@ class RunDir:
     @classmethod
     def open(cls, path: Path) -> RunDir:
         path = Path(path)
-        if not (path / cls.CONFIG).is_file():
-            raise UsageError(
-                f"{str(path)!r} is not a run directory (no {cls.CONFIG}); "
-                f"runs live under the config's run.runs_dir, e.g. runs/<run-id>"
-            )
+        cls._check(path)
         for name in (cls.METRICS, cls.EVENTS):
             _repair_torn_tail(path / name)
         (path / "trials").mkdir(exist_ok=True)
         (path / "checkpoints").mkdir(exist_ok=True)
         return cls(path)
+
+    @classmethod
+    def watch(cls, path: Path) -> RunDir:
+        """An existing run, for reading only while its writer may still be going: unlike
+        ``open`` it repairs and creates nothing (a torn last line may be a live append)."""
+        path = Path(path)
+        cls._check(path)
+        return cls(path)
+
+    @classmethod
+    def _check(cls, path: Path) -> None:
+        if not (path / cls.CONFIG).is_file():
+            raise UsageError(
+                f"{str(path)!r} is not a run directory (no {cls.CONFIG}); "
+                f"runs live under the config's run.runs_dir, e.g. runs/<run-id>"
+            )
 
     # -- writing -------------------------------------------------------------------------
 
@@ -292,6 +331,15 @@ class RunDir:
 
     def events(self) -> list[dict[str, Any]]:
         return list(_read_jsonl(self.path / self.EVENTS))
+
+    def follow(self, name: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """Records appended to ``name`` (``METRICS`` or ``EVENTS``) since byte ``offset``,
+        and the offset to pass next time (``read_jsonl_from``): how a live reader tails."""
+        if name not in (self.METRICS, self.EVENTS):
+            raise ValueError(
+                f"{name!r} is not one of the run's logs ({self.METRICS}, {self.EVENTS})"
+            )
+        return read_jsonl_from(self.path / name, offset)
 
     def trial_ids(self) -> set[str]:
         return {p.stem for p in (self.path / "trials").glob("*.json")}
