@@ -30,7 +30,7 @@ image built with debootstrap; see docs/reliability.md).
 Figures are counted from the run directory after the run (``soak_audit``): trials
 recorded, completed, infrastructure failures, lost (goal 0), counted twice (goal 0), steps
 trained on an infrastructure failure (goal 0), and per fault kind the time from the fault's
-end to the next completed trial recorded. ``--report`` writes docs/reliability.md from a
+end to the next completed trial recorded (or to the run finishing). ``--report`` writes docs/reliability.md from a
 soak's JSON, a proxy fuzz run (``bench/proxy_fuzz.py --n``, or its ``--json`` output) and
 the dead-client tests (tests/reliability/test_dead_client.py, run for their outcome).
 """
@@ -378,6 +378,7 @@ def figures(soak: Soak, wall_s: float) -> dict[str, Any]:
         "fault_log": [
             {
                 "kind": f["kind"],
+                "at": round(f["at"], 2),
                 "held_s": round(f["end"] - f["at"], 2),
                 "recovered_s": f["recovered_s"],
             }

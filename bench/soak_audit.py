@@ -18,8 +18,8 @@ did, so a figure is what a user of the run would find. ``audit(run_path)`` retur
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,6 @@ from slr import checkpoints
 from slr.contracts import TerminationReason, TrialResult
 from slr.contracts.serialize import decode
 from slr.runs import RunDir
-
-_RETRY = re.compile(r"(.+)-r(\d+)")
 
 
 def _records(folder: Path) -> list[tuple[TrialResult, float]]:
@@ -135,11 +133,17 @@ def record_times(run_path: Path) -> list[tuple[float, str]]:
 
 
 def first_progress_after(run_path: Path, when: float) -> float | None:
-    """Seconds from ``when`` (wall clock) to the first completed trial recorded after it."""
-    for mtime, termination in record_times(run_path):
-        if mtime >= when and termination == "completed":
-            return mtime - when
-    return None
+    """Seconds from ``when`` (wall clock) to the run's next progress: the first completed
+    trial recorded after it, or the run finishing (a fault after the last trial)."""
+    found = [
+        m for m, termination in record_times(run_path) if m >= when and termination == "completed"
+    ]
+    for event in RunDir(run_path).events():
+        if event.get("event") == "finished" and event.get("status") == "completed":
+            at = dt.datetime.fromisoformat(event["time"]).timestamp()
+            if at >= when:
+                found.append(at)
+    return min(found) - when if found else None
 
 
 if __name__ == "__main__":  # python bench/soak_audit.py RUN_DIR N_PER_TASK
