@@ -123,9 +123,9 @@ def render(soaks: list[dict[str, Any]], fuzz: dict[str, Any], dead: list[tuple[s
         "count is read from the run directory after the run (`bench/soak_audit.py`); time to",
         "recover is from the fault's end to the next completed trial recorded, or to the run",
         "finishing (in soaks written before that rule, a fault after the last trial shows as",
-        "not recovered although the run finished). For the",
-        "coordinator, that includes a fresh `slr run --resume` starting Ray, the engine",
-        "replicas, the trainer and its preflight on the machine as loaded as it was).",
+        "not recovered although the run finished). For the coordinator it includes a fresh",
+        "`slr run --resume` starting Ray, the engine replicas, the trainer and its preflight",
+        "on the machine as loaded as it was.",
         "",
     ]
     for soak in soaks:
