@@ -44,6 +44,15 @@ _COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 _SLUG_MAX = 100  # a repository name may be 255 characters; the prefix and the hash need room
 
 
+def image_tag(prefix: str, task: Any) -> str:
+    """The image a task's sandboxes run: its prebuilt ``docker_image``, else the image built
+    from its Dockerfile, tagged with the environment's content hash."""
+    env = task.environment
+    if env.docker_image:
+        return env.docker_image
+    return f"{_repo_name(prefix, task.id)}:{env.content_hash[:16]}"
+
+
 def _repo_name(prefix: str, task_id: str) -> str:
     """The image repository for a task: ``<prefix>-<task id>``, valid for any task id.
 
@@ -112,10 +121,7 @@ class DockerBackend:
     # -- images --------------------------------------------------------------------------
 
     def image_tag(self, task: Any) -> str:
-        env = task.environment
-        if env.docker_image:
-            return env.docker_image
-        return f"{_repo_name(self.config.image_prefix, task.id)}:{env.content_hash[:16]}"
+        return image_tag(self.config.image_prefix, task)
 
     async def prepare(self, task: Any) -> None:
         """Build the task's image unless an image with its content hash exists."""
