@@ -12,7 +12,6 @@ from slr.config import load_config
 from slr.plugins import get_plugin_manager
 from slr.preflight import Context, run_checks
 
-
 #: agent -> its binary in the bundle folder
 BINARIES = {
     "claude-code": "node_modules/.bin/claude",
@@ -54,7 +53,7 @@ def test_the_built_terminus_bundle_has_its_package():
     from slr_adapter_terminus.adapter import Terminus
 
     Terminus().bundle()
-    result, version = bundle_check("terminus")
+    result, _ = bundle_check("terminus")
     assert result.status == "pass", result
     assert "harbor 0.26.0" in result.message
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from slr_cli.agent_plugin_cmd import MARKETPLACE, PLUGIN, SKILLS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,9 +203,9 @@ def test_check_run_and_status_skills_launch_and_report_a_real_run(tmp_path):
 
     # /rl:status on the runs folder: its newest run, the one just made
     [status] = commands("status")
-    assert json.loads(run_line(status, {**env, "RUN": env["RUNS"]}, tmp_path).stdout)["path"] == str(
-        run
-    )
+    assert json.loads(run_line(status, {**env, "RUN": env["RUNS"]}, tmp_path).stdout)[
+        "path"
+    ] == str(run)
 
 
 @pytest.mark.timeout(120)

@@ -124,9 +124,10 @@ def test_a_start_up_failure_past_the_preflight_is_one_line_too(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_infer_gates_on_the_preflight_like_eval(tmp_path):
-    # the same gate as `slr eval`: a fatal check (here, no task set) stops `slr infer`
-    # before its run folder, an engine or a sandbox exists
+    # the same gate as `slr eval`: a fatal check (here, a folder with no task in it) stops
+    # `slr infer` before its run folder, an engine or a sandbox exists
     out = tmp_path / "inf"
+    (tmp_path / "no-tasks").mkdir()
     res = slr(
         "infer", "-c", str(write(tmp_path)), "-p", str(tmp_path / "no-tasks"),
         "--output", str(out), cwd=tmp_path,

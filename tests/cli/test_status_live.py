@@ -5,22 +5,19 @@ run with ``--all``."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from slr_cli.status_cmd import status as status_cmd
 
 from slr.runs import RunDir
 from slr.testing.runs import held_by_another_process
 
-SLR = str(Path(sys.executable).with_name("slr"))
-
 
 def status(*args: str):
-    res = subprocess.run([SLR, "status", *args, "--json"], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    res = CliRunner().invoke(status_cmd, [*args, "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
 
 
 @pytest.mark.timeout(90)

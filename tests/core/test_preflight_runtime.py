@@ -34,7 +34,7 @@ def check(name: str, cfg, purpose="run"):
     plugins = get_plugin_manager()
     [found] = [c for c in plugins.preflight_checks() if c.name == name]
     ctx = Context(config=cfg, plugins=plugins, purpose=purpose)
-    return run_checks([found], ctx, stages=(found.stage,)).lines
+    return list(run_checks([found], ctx, stages=(found.stage,)).lines)
 
 
 def one(name: str, cfg, purpose="run"):
@@ -73,7 +73,9 @@ def test_ray_roles_that_do_not_fit_this_machine_are_fatal(tmp_path, monkeypatch)
     monkeypatch.setattr(runtime_checks, "this_machine", lambda: [{"CPU": 2.0, "GPU": 0.0}])
     fits = one("ray-topology", config(tmp_path, "run.engine_replicas=1", "run.rollout_workers=1"))
     assert fits.status == "pass" and "CPU = 2" in fits.message
-    gpu = one("ray-topology", config(tmp_path, "run.engine_replicas=1", "run.engine_resources.GPU=1"))
+    gpu = one(
+        "ray-topology", config(tmp_path, "run.engine_replicas=1", "run.engine_resources.GPU=1")
+    )
     assert gpu.status == "fatal" and "no node of this machine" in gpu.message
     assert "run.engine_resources" in gpu.fix and "hang at start" in gpu.message
     many = one("ray-topology", config(tmp_path, "run.engine_replicas=2", "run.rollout_workers=2"))
@@ -93,7 +95,8 @@ def test_a_cluster_is_judged_by_its_nodes(tmp_path):
 
 
 def stand_in_nvidia_smi(tmp_path, monkeypatch, rows: str) -> None:
-    """An nvidia-smi stand-in (this machine has no GPU) printing ``rows`` for the query."""
+    """An nvidia-smi stand-in (this machine has no GPU) printing ``rows`` for the query, in
+    the format the real nvidia-smi of an H200 machine printed for it."""
     script = tmp_path / "nvidia-smi-stub"
     script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{rows}\nEOF\n")
     script.chmod(0o755)
@@ -107,7 +110,7 @@ def test_gpu_resources_on_a_machine_without_gpu_are_fatal(tmp_path, monkeypatch)
     result = one("gpu", cfg)
     assert result.status == "fatal" and "this machine has none visible" in result.message
     assert result.doc == "docs/troubleshooting/startup.md#no-gpu"
-    stand_in_nvidia_smi(tmp_path, monkeypatch, "0, NVIDIA H200, 143771, 143000")
+    stand_in_nvidia_smi(tmp_path, monkeypatch, "0, NVIDIA H200, 143771, 143156")
     assert one("gpu", cfg).status == "pass"
     stand_in_nvidia_smi(tmp_path, monkeypatch, "0, NVIDIA H200, 143771, 300")
     busy = one("gpu", cfg)
@@ -136,7 +139,10 @@ def test_training_on_held_out_rows_or_overlapping_splits_is_fatal(tmp_path):
     result = one("task-splits", everything)
     assert result.status == "fatal" and "1 of them held out" in result.message
     assert 'tasks.split = "train"' in result.fix
-    assert one("task-splits", config(tmp_path, f'tasks.path="{index}"', 'tasks.split="train"')).status == "pass"
+    assert (
+        one("task-splits", config(tmp_path, f'tasks.path="{index}"', 'tasks.split="train"')).status
+        == "pass"
+    )
     # evaluating on all of it is not training on it
     assert one("task-splits", everything, purpose="eval").status == "pass"
     shared = write_index(

@@ -35,7 +35,7 @@ def test_a_cuda_device_needs_a_gpu(tmp_path, monkeypatch):
     assert none.status == "fatal" and "needs 1 GPU(s), but this machine has none" in none.message
     assert results("torch-device", 'optimizer.device="auto"') == []
     stub = tmp_path / "nvidia-smi-stub"  # stands in for a GPU this machine does not have
-    stub.write_text("#!/bin/sh\necho '0, NVIDIA H200, 143771, 140000'\n")
+    stub.write_text("#!/bin/sh\necho '0, NVIDIA H200, 143771, 143156'\n")
     stub.chmod(0o755)
     monkeypatch.setattr(gpus, "NVIDIA_SMI", str(stub))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

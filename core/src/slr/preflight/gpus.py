@@ -60,7 +60,12 @@ def visible_gpus() -> list[Gpu]:
             continue
         try:
             gpus.append(
-                Gpu(index=int(parts[0]), name=parts[1], total_mib=int(parts[2]), free_mib=int(parts[3]))
+                Gpu(
+                    index=int(parts[0]),
+                    name=parts[1],
+                    total_mib=int(parts[2]),
+                    free_mib=int(parts[3]),
+                )
             )
         except ValueError:
             continue
