@@ -77,8 +77,8 @@ def check_images(ctx: Context) -> CheckResult | None:
 
     from slr.errors import SlrError
     from slr.tasks import load_tasks
-    from slr_backend_docker.backend import image_tag
     from slr_backend_docker.client import connect
+    from slr_backend_docker.tags import image_tag
 
     cfg, options = ctx.config, ctx.options("backend")
     try:
