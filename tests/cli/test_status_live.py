@@ -8,10 +8,10 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from slr_cli.status_cmd import status as status_cmd
 
 from slr.runs import RunDir
 from slr.testing.runs import held_by_another_process
+from slr_cli.status_cmd import status as status_cmd
 
 
 def status(*args: str):
