@@ -136,3 +136,14 @@ def test_infer_gates_on_the_preflight_like_eval(tmp_path):
     assert "fatal  tasks: " in res.stderr and "nothing was started" in res.stderr
     assert "Traceback" not in res.stderr
     assert not out.exists()
+
+
+@pytest.mark.timeout(60)
+def test_run_output_into_a_used_folder_is_refused_before_the_preflight(tmp_path):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "keep.txt").write_text("mine")
+    res = slr("run", "-c", str(write(tmp_path)), "--output", str(used), cwd=tmp_path)
+    assert res.returncode == 2
+    assert "exists and is not empty" in res.stderr and "preflight:" not in res.stderr
+    assert sorted(p.name for p in used.iterdir()) == ["keep.txt"]
