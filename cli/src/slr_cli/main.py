@@ -12,6 +12,7 @@ from slr.contracts import EngineUnavailable, SandboxError
 from slr.errors import SlrError
 from slr.plugins import get_plugin_manager
 from slr_cli import (
+    agent_plugin_cmd,
     check_tasks_cmd,
     config_cmd,
     eval_cmd,
@@ -45,6 +46,7 @@ def cli() -> None:
       slr check-tasks TASKS       validate tasks: oracle scores 1, nop scores 0
       slr serve --engine hf       the policy behind the proxy, for any scaffold by hand
       slr export atif RUN -o OUT  trials as Harbor's trajectory format (ATIF)
+      slr agent-plugin install    /rl:check, /rl:run, /rl:status, /rl:dashboard in Claude Code
     """
 
 
@@ -59,6 +61,7 @@ cli.add_command(status_cmd.status)
 cli.add_command(dashboard)
 cli.add_command(serve_cmd.serve)
 cli.add_command(preflight_cmd.preflight)
+cli.add_command(agent_plugin_cmd.agent_plugin)
 
 
 def main() -> None:

@@ -245,7 +245,9 @@ async def rollout_step(
 class Loop:
     def __init__(self, config: Config, run: RunDir, plugins: PluginManager) -> None:
         self.config, self.run, self.plugins = config, run, plugins
-        self.tasks = load_tasks(config.tasks.path, include=config.tasks.include)
+        self.tasks = load_tasks(
+            config.tasks.path, include=config.tasks.include, split=config.tasks.split
+        )
         if not self.tasks:
             raise UsageError(f"no tasks found under tasks.path = {str(config.tasks.path)!r}")
         self.parts = build_components(config, plugins)

@@ -8,6 +8,7 @@
       events.jsonl       run-level events (started, resumed, failed, ...)
       trials/<id>.json   one record per trial (atomic write; a trial is never recorded twice)
       checkpoints/       optimizer checkpoints, one folder per step (layout: slr.checkpoints)
+      run.lock           who holds the run while it is in flight (pid, host, since)
 
 Every whole-file write goes to a temporary file and is renamed into place. Appends are
 flushed at once and fsynced when ``sync()`` is called at step boundaries. A process killed
@@ -22,15 +23,24 @@ completes; the log says how long it waited, and a trial record, metrics line or 
 that waited leaves a ``disk_full`` event. Only a disk that stays full that long stops the
 run, with ``DiskFull``: what was written stays whole, and ``slr run --resume`` continues
 once there is space.
+
+A process that writes a run (``slr run``, ``slr eval``, ``slr infer``, or their
+``--resume``) holds an exclusive ``flock`` on ``run.lock`` until it closes the run: a second
+writer is refused with one line naming the first, and readers (``slr status``) report the
+holder. The kernel drops the lock when its process dies, so a killed run never leaves a
+stale one; the pid in the file is only what the holder wrote, read while the lock is held.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import errno
+import fcntl
 import json
 import os
 import shutil
+import socket
+import sys
 import tempfile
 import threading
 import time
@@ -143,6 +153,10 @@ def _atomic_write(path: Path, data: str | bytes) -> None:
         raise
 
 
+class RunInUse(UsageError):
+    """Another live process already writes this run directory."""
+
+
 def _repair_torn_tail(path: Path) -> None:
     """Cut a partial last line left by a killed writer, so appends start on a fresh line."""
     if not path.exists() or path.stat().st_size == 0:
@@ -200,6 +214,7 @@ class RunDir:
     CONFIG = "config.toml"
     METRICS = "metrics.jsonl"
     EVENTS = "events.jsonl"
+    LOCK = "run.lock"
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -208,6 +223,7 @@ class RunDir:
         # trial records are written from threads, and one that waited for space appends
         # an event: appends are serialised (re-entrant: that event is an append too)
         self._lock = threading.RLock()
+        self._hold_fd: int | None = None  # the run.lock descriptor while this process holds the run
 
     # -- opening -------------------------------------------------------------------------
 
@@ -225,15 +241,99 @@ class RunDir:
         atomic_write(path / cls.CONFIG, config_toml)
         return run
 
+    @staticmethod
+    def check_new(path: Path) -> None:
+        """``UsageError`` unless ``path`` is free for a new run (absent, or an empty folder)."""
+        path = Path(path)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise UsageError(
+                f"--output {str(path)!r} exists and is not empty; pick a new folder, or "
+                f"continue the run there with `slr run --resume {path}`"
+            )
+
+    @classmethod
+    def create_at(cls, path: Path, config_toml: str) -> RunDir:
+        """A new run in exactly ``path`` (``slr run --output``), which must not hold anything."""
+        path = Path(path)
+        cls.check_new(path)
+        (path / "trials").mkdir(parents=True, exist_ok=True)
+        (path / "checkpoints").mkdir(exist_ok=True)
+        atomic_write(path / cls.CONFIG, config_toml)
+        return cls(path)
+
     @classmethod
     def open(cls, path: Path) -> RunDir:
         path = Path(path)
         cls._check(path)
-        for name in (cls.METRICS, cls.EVENTS):
-            _repair_torn_tail(path / name)
+        run = cls(path)
+        if run.holder() is None:  # a live writer's last line may be half-written: leave it
+            for name in (cls.METRICS, cls.EVENTS):
+                _repair_torn_tail(path / name)
         (path / "trials").mkdir(exist_ok=True)
         (path / "checkpoints").mkdir(exist_ok=True)
-        return cls(path)
+        return run
+
+    # -- who writes it ------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """Take the run for this process until ``close()``; ``RunInUse`` (one line, naming
+        the holder) when another live process has it."""
+        if self._hold_fd is not None:
+            return
+        fd = os.open(self.path / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        held: dict[str, Any] | None = None
+        for _ in range(3):  # a reader's probe holds a shared lock for an instant: try again
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = None
+                break
+            except BlockingIOError:
+                held = self.holder()
+        else:
+            held = held or {}
+        if held is not None:
+            os.close(fd)
+            raise RunInUse(
+                f"run {str(self.path)!r} is in flight in another process (pid "
+                f"{held.get('pid', '?')} on {held.get('host', '?')} since "
+                f"{held.get('since', '?')}); watch it with `slr status {self.path}`, or stop "
+                f"that process before resuming"
+            ) from None
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500],
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record, sort_keys=True) + "\n").encode(), 0)
+        self._hold_fd = fd
+
+    def holder(self) -> dict[str, Any] | None:
+        """The live process that holds the run (pid, host, since, command), else None.
+
+        It probes with a shared lock, taken and dropped at once: a holder's exclusive lock
+        refuses it; with no holder the file's content is left from a finished run."""
+        path = self.path / self.LOCK
+        if self._hold_fd is not None:
+            return json.loads(os.pread(self._hold_fd, 4096, 0) or b"{}")
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raw = os.pread(fd, 4096, 0)
+                try:
+                    return json.loads(raw) if raw.strip() else {}
+                except json.JSONDecodeError:
+                    return {}
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
 
     @classmethod
     def watch(cls, path: Path) -> RunDir:
@@ -320,6 +420,9 @@ class RunDir:
             for fh in self._handles.values():
                 fh.close()
             self._handles.clear()
+        if self._hold_fd is not None:
+            os.close(self._hold_fd)  # closing the descriptor drops the flock
+            self._hold_fd = None
 
     # -- reading -------------------------------------------------------------------------
 

@@ -136,6 +136,12 @@ class TasksSection:
     include: list[str] = option(
         factory=list, doc="Task ids to use; empty means every task under `path`."
     )
+    split: str = option(
+        "",
+        doc="With a parquet task index: only its rows whose `split` column has this value "
+        "('train', 'held-out'; `slr data index` writes them). Empty: every row. Training on "
+        "an index that holds held-out rows needs 'train' (the preflight refuses otherwise).",
+    )
 
 
 @frozen(kw_only=True)

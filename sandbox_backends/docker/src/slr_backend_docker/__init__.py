@@ -32,9 +32,10 @@ def register_sandbox_backends(register):
 
 @slr.hookimpl
 def register_preflight_checks(register):
-    from slr_backend_docker.preflight import check_daemon
+    from slr_backend_docker.preflight import check_daemon, check_images
 
     register("docker-daemon", check_daemon, stage="machine")
+    register("docker-images", check_images, stage="data")
 
 
 @slr.hookimpl
