@@ -47,6 +47,9 @@ from slr.runs import atomic_write
 
 log = structlog.get_logger()
 
+#: The send buffer of each connection (see ``Proxy.start``).
+SEND_BUFFER_BYTES = 64 * 1024
+
 #: A closed session's transcript, ``<trials folder>/<trial_id>/proxy.json``.
 TRANSCRIPT = "proxy.json"
 
@@ -261,6 +264,10 @@ class Proxy:
         # Accepted sockets inherit this: without it a response written in two parts (head,
         # body) waits ~40 ms for the client's delayed ACK (Nagle), on every call.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A fixed send buffer (the kernel doubles it) instead of one autotuned up to MBs: an
+        # answer streams at tokens per second, and a client that stops reading then pins
+        # little memory and meets the write timeout after ~200 KB, not after megabytes.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         sock.bind((self.host, self.config.port))
         self.port = sock.getsockname()[1]
         # log_config=None: uvicorn's records go to the root logger, hence through slr.log,
