@@ -100,7 +100,7 @@ def grep_for(secret: str, where: str = "/") -> str:
     """A shell snippet printing the files under ``where`` that hold ``secret``."""
     a, b = HALVES[secret]
     return (
-        f'grep -rlas --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev --exclude-dir=usr '
+        f"grep -rlas --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev --exclude-dir=usr "
         f'"{a}""{b}" {where} 2>/dev/null | head -5'
     )
 
@@ -149,9 +149,7 @@ class HostileAgent(AgentAdapter):
         return r.stdout.strip()
 
     def fields(self, name: str) -> dict[str, str]:
-        return dict(
-            line.split("=", 1) for line in self.out(name).splitlines() if "=" in line
-        )
+        return dict(line.split("=", 1) for line in self.out(name).splitlines() if "=" in line)
 
 
 def events() -> tuple[asyncio.Event, asyncio.Event]:

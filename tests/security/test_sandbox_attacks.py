@@ -142,7 +142,7 @@ READ_ATTACKS = {
         echo "objects=$(git cat-file --batch-all-objects --batch-check 2>/dev/null | wc -l)"
         echo "found=$({grep_for(HISTORY_SECRET, "/app /tmp /root /var /run")} | tr '\\n' ' ')"
         """,
-    "env": f"""
+    "env": """
         echo "own=$(env | grep -c slr-host-secret)"
         echo "procs=$(cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c slr-host-secret)"
         echo "home=$(ls -A /root/.ssh /root/.aws /root/.docker 2>/dev/null | wc -l)"

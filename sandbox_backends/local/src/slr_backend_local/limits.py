@@ -170,7 +170,7 @@ def rlimit_argv(limits: Limits, *, address_space: bool) -> list[str]:
     if prlimit is None:
         raise SandboxError(
             "the local backend's resource limits need prlimit (util-linux), which is not "
-            "installed; install util-linux, or set [sandbox.local] limits = 'off'"
+            "installed; install util-linux, or set [backend] limits = 'off'"
         )
     argv = [
         prlimit,
