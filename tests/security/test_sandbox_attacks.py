@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -84,6 +85,10 @@ def _k8s_backend():
     from slr_backend_k8s import K8sBackendConfig
     from slr_backend_k8s.backend import K8sBackend
 
+    status = os.environ.get("SLR_K8S_STATUS_FILE")  # CI starts the cluster in the background
+    deadline = time.monotonic() + float(os.environ.get("SLR_K8S_WAIT_S", "2400"))
+    while status and not Path(status).exists() and time.monotonic() < deadline:
+        time.sleep(2)  # waiting on another process's file, not synchronising tests
     env_file = os.environ.get("SLR_K8S_ENV_FILE")
     if env_file and Path(env_file).is_file():
         for line in Path(env_file).read_text().splitlines():
