@@ -90,9 +90,12 @@ class LimitGroups:
         for controller, files in v1_files.items():
             own = _own_group(controller, proc_cgroup)
             hierarchy = root / controller
-            if own is None or not (hierarchy / "cgroup.procs").is_file():
+            base = hierarchy / (own or "").lstrip("/")
+            # our own group must be visible here: never make groups beside it (outside the
+            # limits of whatever contains slr)
+            if own is None or not (base / "cgroup.procs").is_file():
                 continue
-            folder = hierarchy / own.lstrip("/") / LIMITS_GROUP / name
+            folder = base / LIMITS_GROUP / name
             if _make(folder, files, required=next(iter(files))):
                 folders.append(folder)
                 enforced[controller] = True
