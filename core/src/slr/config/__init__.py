@@ -320,6 +320,13 @@ class ProxySection:
         "slower client is answered 408 and cut off.",
         validator=validators.gt(0),
     )
+    write_timeout_s: float = option(
+        30.0,
+        doc="A client that reads nothing of its answer for this many seconds, while the proxy "
+        "has more than 64 KiB waiting for it, is cut off and its generation cancelled (a slow "
+        "reader cannot hold the engine).",
+        validator=validators.gt(0),
+    )
     client_sampling: Literal["ignore", "honor"] = option(
         "ignore",
         doc="What to do with the temperature / top_p / top_k an agent sends. 'ignore': sample "

@@ -251,6 +251,7 @@ class DockerBackend:
                 mem_limit=f"{env.memory_mb}m",
                 memswap_limit=f"{env.memory_mb}m",
                 pids_limit=self.config.pids_limit,
+                ulimits=self._ulimits(env),
                 volumes=volumes,
                 hostname="sandbox",
                 detach=True,
@@ -259,6 +260,17 @@ class DockerBackend:
             raise SandboxError(f"image for task {task.id} vanished: {exc}") from exc
         except docker.errors.DockerException as exc:
             raise SandboxError(f"could not create a container for {task.id}: {exc}") from exc
+
+    def _ulimits(self, env) -> list:
+        """Open files, and the size of one file (the task's storage_mb: docker's overlay
+        cannot bound the whole disk without xfs quotas, but one runaway file it can)."""
+        from docker.types import Ulimit
+
+        nofile, fsize = self.config.open_files, env.storage_mb * 1024 * 1024
+        return [
+            Ulimit(name="nofile", soft=nofile, hard=nofile),
+            Ulimit(name="fsize", soft=fsize, hard=fsize),
+        ]
 
     def _start_and_wait_ready(self, container) -> None:
         import docker.errors

@@ -31,6 +31,7 @@ from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr.sandboxing.cpu import SandboxCgroup
 from slr_backend_local.isolation import BASE_ENV, LINK_MOUNT, bwrap_argv
+from slr_backend_local.limits import SandboxLimits
 
 log = structlog.get_logger()
 
@@ -100,6 +101,7 @@ class LocalSandbox:
         link: ProxyLink | None,
         mounts: Mapping[Path, str],
         cgroup: SandboxCgroup | None = None,
+        limits: SandboxLimits | None = None,
         start_cpu_s: float = 0.0,
     ) -> None:
         self.bwrap = bwrap
@@ -113,6 +115,7 @@ class LocalSandbox:
         self.link = link
         self.mounts = mounts
         self.cgroup = cgroup
+        self.limits = limits
         self.start_cpu_s = start_cpu_s
         self.network: NetworkMode = "proxy-only"
         self._procs: set[_Command] = set()
@@ -181,6 +184,8 @@ class LocalSandbox:
                 link_dir=self.link.dir if relay and self.link is not None else None,
                 mounts=self.mounts,
             )
+            if self.limits is not None:
+                argv = self.limits.wrap(argv)
             proc_env = dict(BASE_ENV)
             host_cwd = None
         else:
@@ -334,6 +339,8 @@ class LocalSandbox:
         if self.link is not None:
             self.link.remove()
         await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+        if self.limits is not None:
+            self.limits.remove()
         if self.cgroup is not None:
             self.cgroup.remove()  # a miss (a process still exiting) goes at the next start
 
