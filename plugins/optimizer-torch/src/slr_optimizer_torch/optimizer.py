@@ -43,13 +43,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import structlog
 import torch
 from torch import nn
 
 from slr.config import AlgorithmSection, Config
 from slr.contracts import TrialResult
 from slr_optimizer_torch import batch as batching
-from slr_optimizer_torch import checkpoint
+from slr_optimizer_torch import checkpoint, packing
 from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.correction import offpolicy_metrics, resolve
 from slr_optimizer_torch.metrics import (
@@ -71,6 +72,8 @@ from slr_optimizer_torch.verl_config import actor_config, algo_config, check_nam
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+log = structlog.get_logger()
 
 
 class TorchOptimizer:
@@ -102,6 +105,12 @@ class TorchOptimizer:
             self.model.gradient_checkpointing_enable()
         self._set_mode()
         self.scorer = Scorer(self.model, temperature=self.temperature)
+        self.pack = options.pack == "tree"
+        if self.pack:
+            problem = self.scorer.tree_packing_problem()
+            if problem is not None:
+                log.warning("optimizer.pack.fallback", pack="none", reason=problem)
+                self.pack = False
 
         self.value_head: ValueHead | None = None
         if algorithm.adv_estimator == "gae":
@@ -175,6 +184,12 @@ class TorchOptimizer:
         metrics: dict[str, float] = trial_metrics(batch, pass_threshold=opts.pass_threshold)
         tb = batching.assemble(batch, drop_zero_variance_groups=opts.drop_zero_variance_groups)
         metrics.update({k: float(v) for k, v in tb.stats.items()})
+        # What one forward pass over the batch must compute at least (its prefix tree), and
+        # whether this trainer packs it so (update/tokens: what the update computed).
+        metrics["batch/unique_tokens"] = float(
+            packing.unique_tokens(range(tb.num_sequences), tb.input_ids, tb.lengths)
+        )
+        metrics["pack/tree"] = float(self.pack)
         # The weights being updated are version `steps` (the loop: after step N, version N).
         metrics.update(
             version_metrics(tb.weights_versions, tb.response_mask, tb.seq_trial, current=self.steps)
@@ -284,13 +299,34 @@ class TorchOptimizer:
         metrics["perf/step_tokens_per_s"] = tb.stats["batch/tokens"] * opts.ppo_epochs / step_s
         return metrics
 
-    def _micro(self, tb: batching.TrainBatch, rows: Sequence[int]) -> list[list[int]]:
-        return batching.micro_batches(
+    def _micro(
+        self, tb: batching.TrainBatch, rows: Sequence[int]
+    ) -> list[tuple[list[int], packing.Packed | None]]:
+        """Micro-batches of ``rows``, each with its prefix tree when packing."""
+        opts = self.options
+        if not self.pack:
+            return [
+                (micro, None)
+                for micro in batching.micro_batches(
+                    rows,
+                    tb.lengths,
+                    max_tokens=opts.micro_batch_tokens,
+                    max_size=opts.micro_batch_size,
+                )
+            ]
+        micros = packing.plan(
             rows,
+            tb.input_ids,
             tb.lengths,
-            max_tokens=self.options.micro_batch_tokens,
-            max_size=self.options.micro_batch_size,
+            max_tokens=opts.micro_batch_tokens,
+            max_size=opts.micro_batch_size,
         )
+        return [(micro, packing.pack(micro, tb.input_ids, tb.lengths)) for micro in micros]
+
+    @staticmethod
+    def _computed(tb: batching.TrainBatch, micro: list[int], packed: packing.Packed | None) -> int:
+        """Tokens the forward over ``micro`` computes (padding aside)."""
+        return packed.tokens if packed is not None else int(tb.lengths[micro].sum())
 
     def _slice(self, tensor: torch.Tensor, micro: Sequence[int], width: int) -> torch.Tensor:
         return tensor[micro, :width].to(self.device, non_blocking=True)
@@ -307,7 +343,7 @@ class TorchOptimizer:
         assert scorer is not None
         logprobs = torch.zeros_like(tb.response_mask)
         values = torch.zeros_like(tb.response_mask) if value_head is not None else None
-        for micro in self._micro(tb, range(tb.num_sequences)):
+        for micro, packed in self._micro(tb, range(tb.num_sequences)):
             length = int(tb.lengths[micro].max())
             s = scorer(
                 self._slice(tb.input_ids, micro, length),
@@ -315,6 +351,7 @@ class TorchOptimizer:
                 self._slice(tb.response_mask, micro, length - 1),
                 entropy=entropy,
                 value_head=value_head,
+                packed=packed,
             )
             logprobs[micro, : length - 1] = s.logprobs.float().cpu()
             if values is not None and s.values is not None:
@@ -357,7 +394,7 @@ class TorchOptimizer:
         self.actor_cfg.global_batch_info.update(info)
         self.optim.zero_grad(set_to_none=True)
         assert tb.advantages is not None  # computed by step() before the update
-        for micro in self._micro(tb, rows):
+        for micro, packed in self._micro(tb, rows):
             length = int(tb.lengths[micro].max())
             width = length - 1
             policy = self._slice(tb.response_mask, micro, width)
@@ -369,6 +406,7 @@ class TorchOptimizer:
                 entropy=True,
                 entropy_grad=algo.entropy_coef > 0,
                 value_head=self.value_head,
+                packed=packed,
             )
             logprobs = scores.logprobs
             if fused_logprobs is not None:
@@ -427,7 +465,7 @@ class TorchOptimizer:
                 acc.add_sum("critic/vf_loss", float(vf_loss.detach()))
                 acc.add_weighted({"critic/vf_clipfrac": float(vf_clipfrac)}, n_tokens)
             loss.backward()
-            acc.tokens += int(tb.lengths[micro].sum())
+            acc.tokens += self._computed(tb, micro, packed)
             acc.micro_batches += 1
 
         limit = opts.grad_clip if opts.grad_clip > 0 else math.inf
