@@ -43,8 +43,9 @@ class TorchOptimizerConfig:
     )
     micro_batch_tokens: int = option(
         4096,
-        doc="Most padded tokens (sequences x longest) in one forward/backward; gradients "
-        "accumulate over micro-batches. A longer sequence gets a micro-batch of its own.",
+        doc="Most tokens in one forward/backward: packed positions of its prefix tree (pack = "
+        "tree) or padded tokens, sequences x longest (pack = none); gradients accumulate over "
+        "micro-batches. A longer sequence gets a micro-batch of its own.",
         validator=validators.ge(1),
     )
     micro_batch_size: int = option(
