@@ -21,6 +21,10 @@ One ``step(trials)``:
 4. for each epoch and mini-batch: micro-batches by token budget, verl's policy loss (plus
    verl's entropy, KL and value terms), gradients accumulated, clipped, one AdamW step.
 
+Every forward pass (steps 2 and 4) runs a micro-batch as one prefix tree when
+``options.pack == "tree"`` (``packing.py``): rows that share a token prefix compute it once,
+and the scores land in the per-row layout, so nothing after the forward changes.
+
 Off-policy correction (``[algorithm.rollout_correction]``, ``correction.py``) wraps step 4
 the way verl's trainer does: in decoupled mode verl's IS weights and rejection mask, from
 the pre-pass log-probs vs the rollout's, enter the policy loss (the pre-pass is then always
@@ -105,19 +109,16 @@ class TorchOptimizer:
             self.model.gradient_checkpointing_enable()
         self._set_mode()
         self.scorer = Scorer(self.model, temperature=self.temperature)
-        self.pack = options.pack == "tree"
-        if self.pack:
-            problem = self.scorer.tree_packing_problem()
-            if problem is not None:
-                log.warning("optimizer.pack.fallback", pack="none", reason=problem)
-                self.pack = False
 
         self.value_head: ValueHead | None = None
         if algorithm.adv_estimator == "gae":
             self.value_head = ValueHead(hidden_size(self.model)).to(self.device)
 
         self.ref_scorer: Scorer | None = None
+        probed = [self.scorer]
         if algorithm.kl_coef > 0:
+            # a reference model that is not a copy of the policy is probed on its own
+            own_ref = ref_model is not None or bool(options.ref_model)
             if ref_model is None:
                 ref_model = (
                     load_causal_lm(options.ref_model, dtype=dtype, device=self.device)
@@ -127,6 +128,9 @@ class TorchOptimizer:
             ref_model.to(self.device)  # pyright: ignore[reportArgumentType]  # as self.model
             ref_model = ref_model.eval().requires_grad_(False)
             self.ref_scorer = Scorer(ref_model, temperature=self.temperature)
+            if own_ref:
+                probed.append(self.ref_scorer)
+        self.pack = options.pack == "tree" and self._tree_packs_exactly(probed)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.value_head is not None:
@@ -148,6 +152,16 @@ class TorchOptimizer:
         self.generator = torch.Generator().manual_seed(options.seed)
         self.steps = 0  # step() calls
         self.updates = 0  # parameter updates applied
+
+    @staticmethod
+    def _tree_packs_exactly(scorers: Sequence[Scorer]) -> bool:
+        """Whether every model the step runs passes the tree-packing probe (logged if not)."""
+        for scorer in scorers:
+            problem = scorer.tree_packing_problem()
+            if problem is not None:
+                log.warning("optimizer.pack.fallback", pack="none", reason=problem)
+                return False
+        return True
 
     @classmethod
     def from_config(
