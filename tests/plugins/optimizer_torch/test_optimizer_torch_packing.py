@@ -21,7 +21,8 @@ from slr_optimizer_torch.testing import sample, tiny_causal_lm
 from slr.config import AlgorithmSection
 from slr.contracts import Reward, Segment, Trajectory, TrialResult
 
-pytestmark = pytest.mark.timeout(60)
+# generous: the first tiny model pays for importing transformers, slow on a loaded machine
+pytestmark = pytest.mark.timeout(180)
 
 SYSTEM = [1, 5, 9, 13, 17, 21, 25, 29]  # system prompt and tools, shared by every segment
 TASK = [33, 37, 41, 45]
