@@ -152,7 +152,7 @@ def test_a_wrong_mask_is_caught(trials, model):
 
 def _grads(model, trials, *, pack, **algorithm):
     opt = TorchOptimizer(
-        TorchOptimizerConfig(lr=1e-3, grad_clip=0.0, pack=pack, micro_batch_tokens=48),
+        TorchOptimizerConfig(lr=1e-3, clip_grad=0.0, pack=pack, micro_batch_tokens=48),
         algorithm=AlgorithmSection(**algorithm),
         temperature=1.0,
         model=model,

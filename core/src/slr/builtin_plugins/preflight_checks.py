@@ -145,12 +145,12 @@ def check_pitfalls(ctx: Context) -> list[CheckResult]:
                 )
             )
         ref = getattr(cfg.optimizer.options, "ref_model", "")
-        if ref and alg.kl_coef == 0:
+        if ref and not alg.use_kl_loss:
             found.append(
                 warn(
-                    f"optimizer.ref_model = {ref!r} but algorithm.kl_coef = 0: the reference "
-                    f"model is never used",
-                    fix="set algorithm.kl_coef > 0, or drop optimizer.ref_model",
+                    f"optimizer.ref_model = {ref!r} but algorithm.use_kl_loss = false: the "
+                    f"reference model is never used",
+                    fix="set algorithm.use_kl_loss = true, or drop optimizer.ref_model",
                 )
             )
     if ctx.purpose == "run" and alg.clip_ratio_low >= 1.0:

@@ -116,7 +116,7 @@ class TorchOptimizer:
 
         self.ref_scorer: Scorer | None = None
         probed = [self.scorer]
-        if algorithm.kl_coef > 0:
+        if algorithm.use_kl_loss:
             # a reference model that is not a copy of the policy is probed on its own
             own_ref = ref_model is not None or bool(options.ref_model)
             if ref_model is None:
@@ -144,7 +144,7 @@ class TorchOptimizer:
             weight_decay=options.weight_decay,
         )
         self.actor_cfg = actor_config(algorithm, options, self.correction)
-        self.algo_cfg = algo_config(algorithm, options)
+        self.algo_cfg = algo_config(algorithm)
         # verl annotates the registered losses as positional; they are called by keyword.
         self.policy_loss_fn: Callable[..., Any] = core_algos.get_policy_loss_fn(
             self.actor_cfg.policy_loss.loss_mode
@@ -221,14 +221,11 @@ class TorchOptimizer:
         corr = self.correction
         decoupled = corr is not None and corr.decoupled
         bypass = corr is not None and corr.bypass
+        # More than one update per epoch (ppo_mini_batch_size smaller than the groups)?
+        several = 0 < opts.ppo_mini_batch_size < len(set(tb.group_ids))
         # Decoupled correction weighs the whole batch by pi_old before any update: verl
         # computes pi_old in its own pass, and so does this trainer then.
-        fused = (
-            opts.ppo_epochs == 1
-            and opts.ppo_mini_batches == 1
-            and self.value_head is None
-            and not decoupled
-        )
+        fused = opts.ppo_epochs == 1 and not several and self.value_head is None and not decoupled
         t0 = time.perf_counter()
         pre: Scores | None = None
         if not fused:
@@ -278,8 +275,8 @@ class TorchOptimizer:
         fused_logprobs = torch.zeros_like(tb.response_mask) if fused else None
         t0 = time.perf_counter()
         for _ in range(opts.ppo_epochs):
-            shuffle = self.generator if opts.ppo_mini_batches > 1 else None
-            for trials in batching.mini_batches(len(tb.trials), opts.ppo_mini_batches, shuffle):
+            shuffle = self.generator if several else None
+            for trials in batching.mini_batches(tb.group_ids, opts.ppo_mini_batch_size, shuffle):
                 members = set(trials)
                 rows = [r for r in range(tb.num_sequences) if int(tb.seq_trial[r]) in members]
                 # (rows whose every token correction rejected have nothing to normalise by)
@@ -402,7 +399,7 @@ class TorchOptimizer:
             "dp_size": 1,
             "batch_num_tokens": int(resp.sum().item()),
             "global_batch_size": int((resp.sum(dim=-1) > 0).sum().item()),
-            "loss_scale_factor": opts.loss_scale_factor or widest,
+            "loss_scale_factor": algo.loss_scale_factor or widest,
         }
         self.actor_cfg.global_batch_info.clear()
         self.actor_cfg.global_batch_info.update(info)
@@ -418,7 +415,7 @@ class TorchOptimizer:
                 self._slice(tb.attention_mask, micro, length),
                 policy,
                 entropy=True,
-                entropy_grad=algo.entropy_coef > 0,
+                entropy_grad=algo.entropy_coeff > 0,
                 value_head=self.value_head,
                 packed=packed,
             )
@@ -446,8 +443,8 @@ class TorchOptimizer:
             entropy_loss = agg_loss(
                 loss_mat=scores.entropy, loss_mask=mask, loss_agg_mode=mode, **info
             )
-            if algo.entropy_coef > 0:
-                loss = loss - algo.entropy_coef * entropy_loss
+            if algo.entropy_coeff > 0:
+                loss = loss - algo.entropy_coeff * entropy_loss
             if n_tokens:
                 acc.add_weighted(
                     {"actor/entropy": float(scores.entropy[mask].detach().mean())}, n_tokens
@@ -457,10 +454,10 @@ class TorchOptimizer:
                 kld = kl_penalty(
                     logprob=logprobs,  # pyright: ignore[reportArgumentType]
                     ref_logprob=self._slice(ref_logprobs, micro, width),  # pyright: ignore[reportArgumentType]
-                    kl_penalty=opts.kl_loss_type,
+                    kl_penalty=algo.kl_loss_type,
                 )
                 kl_loss = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=mode, **info)
-                loss = loss + algo.kl_coef * kl_loss
+                loss = loss + algo.kl_loss_coef * kl_loss
                 if n_tokens:
                     acc.add_weighted({"actor/kl_ref": float(kld[mask].detach().mean())}, n_tokens)
             if self.value_head is not None:
@@ -482,7 +479,7 @@ class TorchOptimizer:
             acc.tokens += self._computed(tb, micro, packed)
             acc.micro_batches += 1
 
-        limit = opts.grad_clip if opts.grad_clip > 0 else math.inf
+        limit = opts.clip_grad if opts.clip_grad > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, limit))
         acc.updates += 1
         if math.isfinite(grad_norm):
