@@ -136,6 +136,12 @@ class TasksSection:
     include: list[str] = option(
         factory=list, doc="Task ids to use; empty means every task under `path`."
     )
+    split: str = option(
+        "",
+        doc="With a parquet task index: only its rows whose `split` column has this value "
+        "('train', 'held-out'; `slr data index` writes them). Empty: every row. Training on "
+        "an index that holds held-out rows needs 'train' (the preflight refuses otherwise).",
+    )
 
 
 @frozen(kw_only=True)
@@ -352,6 +358,13 @@ class ProxySection:
         60.0,
         doc="A request's whole body must arrive within this many seconds of its headers; a "
         "slower client is answered 408 and cut off.",
+        validator=validators.gt(0),
+    )
+    write_timeout_s: float = option(
+        30.0,
+        doc="A client that reads nothing of its answer for this many seconds, while the proxy "
+        "has more than 64 KiB waiting for it, is cut off and its generation cancelled (a slow "
+        "reader cannot hold the engine).",
         validator=validators.gt(0),
     )
     client_sampling: Literal["ignore", "honor"] = option(

@@ -59,14 +59,23 @@ class TorchOptimizerConfig:
     )
     micro_batch_tokens: int = option(
         4096,
-        doc="Most padded tokens (sequences x longest) in one forward/backward; gradients "
-        "accumulate over micro-batches. A longer sequence gets a micro-batch of its own.",
+        doc="Most tokens in one forward/backward: packed positions of its prefix tree (pack = "
+        "tree) or padded tokens, sequences x longest (pack = none); gradients accumulate over "
+        "micro-batches. A longer sequence gets a micro-batch of its own.",
         validator=validators.ge(1),
     )
     micro_batch_size: int = option(
         0,
         doc="Most sequences in one micro-batch (0: only the token budget limits it).",
         validator=validators.ge(0),
+    )
+    pack: Literal["tree", "none"] = option(
+        "tree",
+        doc="How a micro-batch's rows are computed: tree (rows that share a token prefix, "
+        "such as a compacted session's or a sub-agent's segments and a group's common "
+        "prompt, are packed into one prefix tree, so shared tokens are computed once) or "
+        "none (each row on its own, prefix and all). tree falls back to none, logged, for "
+        "a model whose attention cannot take the tree mask exactly.",
     )
     ppo_epochs: int = option(1, doc="Passes over the batch per step.", validator=validators.ge(1))
     ppo_mini_batch_size: int = option(

@@ -21,6 +21,10 @@ One ``step(trials)``:
 4. for each epoch and mini-batch: micro-batches by token budget, verl's policy loss (plus
    verl's entropy, KL and value terms), gradients accumulated, clipped, one AdamW step.
 
+Every forward pass (steps 2 and 4) runs a micro-batch as one prefix tree when
+``options.pack == "tree"`` (``packing.py``): rows that share a token prefix compute it once,
+and the scores land in the per-row layout, so nothing after the forward changes.
+
 Off-policy correction (``[algorithm.rollout_correction]``, ``correction.py``) wraps step 4
 the way verl's trainer does: in decoupled mode verl's IS weights and rejection mask, from
 the pre-pass log-probs vs the rollout's, enter the policy loss (the pre-pass is then always
@@ -43,13 +47,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import structlog
 import torch
 from torch import nn
 
 from slr.config import AlgorithmSection, Config
 from slr.contracts import TrialResult
 from slr_optimizer_torch import batch as batching
-from slr_optimizer_torch import checkpoint
+from slr_optimizer_torch import checkpoint, packing
 from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.correction import offpolicy_metrics, resolve
 from slr_optimizer_torch.metrics import (
@@ -71,6 +76,8 @@ from slr_optimizer_torch.verl_config import actor_config, algo_config, check_nam
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+log = structlog.get_logger()
 
 
 class TorchOptimizer:
@@ -108,7 +115,10 @@ class TorchOptimizer:
             self.value_head = ValueHead(hidden_size(self.model)).to(self.device)
 
         self.ref_scorer: Scorer | None = None
+        probed = [self.scorer]
         if algorithm.use_kl_loss:
+            # a reference model that is not a copy of the policy is probed on its own
+            own_ref = ref_model is not None or bool(options.ref_model)
             if ref_model is None:
                 ref_model = (
                     load_causal_lm(options.ref_model, dtype=dtype, device=self.device)
@@ -118,6 +128,9 @@ class TorchOptimizer:
             ref_model.to(self.device)  # pyright: ignore[reportArgumentType]  # as self.model
             ref_model = ref_model.eval().requires_grad_(False)
             self.ref_scorer = Scorer(ref_model, temperature=self.temperature)
+            if own_ref:
+                probed.append(self.ref_scorer)
+        self.pack = options.pack == "tree" and self._tree_packs_exactly(probed)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.value_head is not None:
@@ -139,6 +152,16 @@ class TorchOptimizer:
         self.generator = torch.Generator().manual_seed(options.seed)
         self.steps = 0  # step() calls
         self.updates = 0  # parameter updates applied
+
+    @staticmethod
+    def _tree_packs_exactly(scorers: Sequence[Scorer]) -> bool:
+        """Whether every model the step runs passes the tree-packing probe (logged if not)."""
+        for scorer in scorers:
+            problem = scorer.tree_packing_problem()
+            if problem is not None:
+                log.warning("optimizer.pack.fallback", pack="none", reason=problem)
+                return False
+        return True
 
     @classmethod
     def from_config(
@@ -175,6 +198,12 @@ class TorchOptimizer:
         metrics: dict[str, float] = trial_metrics(batch, pass_threshold=opts.pass_threshold)
         tb = batching.assemble(batch, drop_zero_variance_groups=opts.drop_zero_variance_groups)
         metrics.update({k: float(v) for k, v in tb.stats.items()})
+        # What one forward pass over the batch must compute at least (its prefix tree), and
+        # whether this trainer packs it so (update/tokens: what the update computed).
+        metrics["batch/unique_tokens"] = float(
+            packing.unique_tokens(range(tb.num_sequences), tb.input_ids, tb.lengths)
+        )
+        metrics["pack/tree"] = float(self.pack)
         # The weights being updated are version `steps` (the loop: after step N, version N).
         metrics.update(
             version_metrics(tb.weights_versions, tb.response_mask, tb.seq_trial, current=self.steps)
@@ -281,13 +310,34 @@ class TorchOptimizer:
         metrics["perf/step_tokens_per_s"] = tb.stats["batch/tokens"] * opts.ppo_epochs / step_s
         return metrics
 
-    def _micro(self, tb: batching.TrainBatch, rows: Sequence[int]) -> list[list[int]]:
-        return batching.micro_batches(
+    def _micro(
+        self, tb: batching.TrainBatch, rows: Sequence[int]
+    ) -> list[tuple[list[int], packing.Packed | None]]:
+        """Micro-batches of ``rows``, each with its prefix tree when packing."""
+        opts = self.options
+        if not self.pack:
+            return [
+                (micro, None)
+                for micro in batching.micro_batches(
+                    rows,
+                    tb.lengths,
+                    max_tokens=opts.micro_batch_tokens,
+                    max_size=opts.micro_batch_size,
+                )
+            ]
+        micros = packing.plan(
             rows,
+            tb.input_ids,
             tb.lengths,
-            max_tokens=self.options.micro_batch_tokens,
-            max_size=self.options.micro_batch_size,
+            max_tokens=opts.micro_batch_tokens,
+            max_size=opts.micro_batch_size,
         )
+        return [(micro, packing.pack(micro, tb.input_ids, tb.lengths)) for micro in micros]
+
+    @staticmethod
+    def _computed(tb: batching.TrainBatch, micro: list[int], packed: packing.Packed | None) -> int:
+        """Tokens the forward over ``micro`` computes (padding aside)."""
+        return packed.tokens if packed is not None else int(tb.lengths[micro].sum())
 
     def _slice(self, tensor: torch.Tensor, micro: Sequence[int], width: int) -> torch.Tensor:
         return tensor[micro, :width].to(self.device, non_blocking=True)
@@ -304,7 +354,7 @@ class TorchOptimizer:
         assert scorer is not None
         logprobs = torch.zeros_like(tb.response_mask)
         values = torch.zeros_like(tb.response_mask) if value_head is not None else None
-        for micro in self._micro(tb, range(tb.num_sequences)):
+        for micro, packed in self._micro(tb, range(tb.num_sequences)):
             length = int(tb.lengths[micro].max())
             s = scorer(
                 self._slice(tb.input_ids, micro, length),
@@ -312,6 +362,7 @@ class TorchOptimizer:
                 self._slice(tb.response_mask, micro, length - 1),
                 entropy=entropy,
                 value_head=value_head,
+                packed=packed,
             )
             logprobs[micro, : length - 1] = s.logprobs.float().cpu()
             if values is not None and s.values is not None:
@@ -354,7 +405,7 @@ class TorchOptimizer:
         self.actor_cfg.global_batch_info.update(info)
         self.optim.zero_grad(set_to_none=True)
         assert tb.advantages is not None  # computed by step() before the update
-        for micro in self._micro(tb, rows):
+        for micro, packed in self._micro(tb, rows):
             length = int(tb.lengths[micro].max())
             width = length - 1
             policy = self._slice(tb.response_mask, micro, width)
@@ -366,6 +417,7 @@ class TorchOptimizer:
                 entropy=True,
                 entropy_grad=algo.entropy_coeff > 0,
                 value_head=self.value_head,
+                packed=packed,
             )
             logprobs = scores.logprobs
             if fused_logprobs is not None:
@@ -424,7 +476,7 @@ class TorchOptimizer:
                 acc.add_sum("critic/vf_loss", float(vf_loss.detach()))
                 acc.add_weighted({"critic/vf_clipfrac": float(vf_clipfrac)}, n_tokens)
             loss.backward()
-            acc.tokens += int(tb.lengths[micro].sum())
+            acc.tokens += self._computed(tb, micro, packed)
             acc.micro_batches += 1
 
         limit = opts.clip_grad if opts.clip_grad > 0 else math.inf
