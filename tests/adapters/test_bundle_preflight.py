@@ -1,4 +1,5 @@
-"""The adapters' bundle checks (`claude-code-bundle`, `opencode-bundle`): the real built
+"""The adapters' bundle checks (`claude-code-bundle`, `opencode-bundle`, and for the Python
+bundles `openhands-bundle`, `terminus-bundle`, `mini-swe-agent-bundle`): the real built
 bundle's binary runs; a missing bundle warns (the run builds it); a bundle whose binary
 fails is fatal."""
 
@@ -11,6 +12,21 @@ from slr.config import load_config
 from slr.plugins import get_plugin_manager
 from slr.preflight import Context, run_checks
 
+#: agent -> its binary in the bundle folder
+BINARIES = {
+    "claude-code": "node_modules/.bin/claude",
+    "opencode": "node_modules/.bin/opencode",
+    "openhands": "python/bin/python3.12",
+    "terminus": "python/bin/python3.12",
+    "mini-swe-agent": "python/bin/python3.12",
+}
+
+
+def bundle_folder_version(agent: str, cfg) -> str:
+    options = cfg.agent.options
+    python = getattr(options, "python", None)
+    return f"{options.version}-py{python}" if python else options.version
+
 
 def bundle_check(agent: str):
     plugins = get_plugin_manager()
@@ -18,7 +34,7 @@ def bundle_check(agent: str):
     checks = [c for c in plugins.preflight_checks() if c.name == f"{agent}-bundle"]
     report = run_checks(checks, Context(config=cfg, plugins=plugins), stages=("data",))
     [line] = report.lines
-    return line.result, cfg.agent.options.version
+    return line.result, bundle_folder_version(agent, cfg)
 
 
 @pytest.mark.timeout(120)
@@ -32,13 +48,23 @@ def test_the_built_opencode_bundle_runs():
     assert version in result.message
 
 
-@pytest.mark.parametrize("agent", ["claude-code", "opencode"])
+@pytest.mark.timeout(300)
+def test_the_built_terminus_bundle_has_its_package():
+    from slr_adapter_terminus.adapter import Terminus
+
+    Terminus().bundle()
+    result, _ = bundle_check("terminus")
+    assert result.status == "pass", result
+    assert "harbor 0.26.0" in result.message
+
+
+@pytest.mark.parametrize("agent", sorted(BINARIES))
 def test_a_missing_bundle_warns_and_a_broken_one_is_fatal(agent, tmp_path, monkeypatch):
     monkeypatch.setenv("SLR_CACHE_DIR", str(tmp_path))
     missing, version = bundle_check(agent)
     assert missing.status == "warn" and f"slr bundles build {agent}" in missing.fix
     folder = bundles_dir() / f"{agent}-{version}"
-    binary = folder / "node_modules" / ".bin" / ("claude" if agent == "claude-code" else agent)
+    binary = folder / BINARIES[agent]
     binary.parent.mkdir(parents=True)
     binary.write_text("#!/bin/sh\necho 'cannot execute: wrong architecture' >&2\nexit 126\n")
     binary.chmod(0o755)

@@ -131,8 +131,11 @@ def test_status_reads_the_run_directory(tmp_path):
     assert info["steps_done"] == 1 and info["trials"] == 3
     assert info["terminations"] == {"completed": 2, "sandbox_error": 1}
     assert info["reward_mean"] == 0.5  # the sandbox_error trial is not scored
-    bad = slr("status", str(tmp_path))
-    assert bad.returncode == 2 and "is not a run directory" in bad.stderr
+    # the folder of runs: its newest run
+    assert json.loads(slr("status", str(tmp_path), "--json").stdout)["path"] == str(run.path)
+    (tmp_path / "empty").mkdir()
+    bad = slr("status", str(tmp_path / "empty"))
+    assert bad.returncode == 2 and "neither a run directory nor a folder of runs" in bad.stderr
 
 
 def test_run_ray_address_is_validated_before_anything_starts():

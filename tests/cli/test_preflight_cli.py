@@ -120,3 +120,30 @@ def test_a_start_up_failure_past_the_preflight_is_one_line_too(tmp_path):
     assert "Traceback" not in res.stderr, res.stderr
     [error] = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
     assert "no kubeconfig at" in error and "docs/troubleshooting/README.md" in error
+
+
+@pytest.mark.timeout(60)
+def test_infer_gates_on_the_preflight_like_eval(tmp_path):
+    # the same gate as `slr eval`: a fatal check (here, a folder with no task in it) stops
+    # `slr infer` before its run folder, an engine or a sandbox exists
+    out = tmp_path / "inf"
+    (tmp_path / "no-tasks").mkdir()
+    res = slr(
+        "infer", "-c", str(write(tmp_path)), "-p", str(tmp_path / "no-tasks"),
+        "--output", str(out), cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "fatal  tasks: " in res.stderr and "nothing was started" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not out.exists()
+
+
+@pytest.mark.timeout(60)
+def test_run_output_into_a_used_folder_is_refused_before_the_preflight(tmp_path):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "keep.txt").write_text("mine")
+    res = slr("run", "-c", str(write(tmp_path)), "--output", str(used), cwd=tmp_path)
+    assert res.returncode == 2
+    assert "exists and is not empty" in res.stderr and "preflight:" not in res.stderr
+    assert sorted(p.name for p in used.iterdir()) == ["keep.txt"]

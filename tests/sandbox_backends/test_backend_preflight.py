@@ -79,3 +79,50 @@ def test_k8s_registry_without_a_registry_is_fatal_in_the_config_stage():
     assert result.status == "fatal" and "backend.registry" in result.fix
     [fine] = check("k8s-config", "k8s")
     assert fine.status == "pass"
+
+
+def _task_from(tmp_path, name: str, base: str):
+    """A copy of examples/tasks/hello-world whose Dockerfile builds FROM ``base``."""
+    import shutil
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+    task = tmp_path / "tasks" / name
+    shutil.copytree(examples / "hello-world", task)
+    (task / "environment" / "Dockerfile").write_text(f"FROM {base} AS build\nFROM build\n")
+    return task.parent
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_task_images_buildable_from_local_bases_pass_and_a_missing_base_is_named(
+    tmp_path, monkeypatch
+):
+    from slr_backend_docker import preflight
+    from slr_backend_docker.base_image import BASE_TAG
+
+    tasks = _task_from(tmp_path, "from-base", BASE_TAG)
+    [ok] = check("docker-images", "docker", f'tasks.path="{tasks}"')
+    assert ok.status == "pass", ok
+    assert "build from local images" in ok.message
+    # the slr base is built here and in no registry: its absence is fatal, with the command
+    monkeypatch.setattr(preflight, "BASE_TAG", "slr-base:no-such-suite")
+    missing = _task_from(tmp_path / "m", "from-missing", "slr-base:no-such-suite")
+    [fatal] = check("docker-images", "docker", f'tasks.path="{missing}"')
+    assert fatal.status == "fatal" and "FROM slr-base:no-such-suite" in fatal.message
+    assert fatal.fix == "build it once: `slr images base`"
+    # any other absent base is pulled at the first build: a warning naming it
+    pulled = _task_from(tmp_path / "p", "from-hub", "slr-test-no-such-image:1")
+    [warned] = check("docker-images", "docker", f'tasks.path="{pulled}"')
+    assert warned.status == "warn" and "slr-test-no-such-image:1" in warned.message
+
+
+def test_dockerfile_bases_leave_out_stages_scratch_and_build_arguments(tmp_path):
+    from slr_backend_docker.preflight import from_images
+
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(
+        "ARG V=3\nFROM --platform=linux/amd64 python:3.12 AS deps\nFROM scratch\n"
+        "FROM deps\nFROM debian:${V}\nfrom slr-base:bookworm\n"
+    )
+    assert from_images(dockerfile) == ["python:3.12", "slr-base:bookworm"]

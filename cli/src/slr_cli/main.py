@@ -12,6 +12,7 @@ from slr.contracts import EngineUnavailable, SandboxError
 from slr.errors import SlrError
 from slr.plugins import get_plugin_manager
 from slr_cli import (
+    agent_plugin_cmd,
     check_tasks_cmd,
     config_cmd,
     eval_cmd,
@@ -23,6 +24,7 @@ from slr_cli import (
     serve_cmd,
     status_cmd,
 )
+from slr_cli.dashboard.command import dashboard
 
 TROUBLESHOOTING = "docs/troubleshooting/README.md"
 
@@ -40,9 +42,11 @@ def cli() -> None:
       slr run -c run.toml         train; --agent/--backend/--set override the file
       slr eval -c run.toml -k 4   pass@k of the base model; --checkpoint runs/<id> after
       slr status runs/<id>        where a run stands
+      slr dashboard runs/         live web view: curves, outcomes, trajectories
       slr check-tasks TASKS       validate tasks: oracle scores 1, nop scores 0
       slr serve --engine hf       the policy behind the proxy, for any scaffold by hand
       slr export atif RUN -o OUT  trials as Harbor's trajectory format (ATIF)
+      slr agent-plugin install    /rl:check, /rl:run, /rl:status, /rl:dashboard in Claude Code
     """
 
 
@@ -54,8 +58,10 @@ cli.add_command(plugins_cmd.plugins)
 cli.add_command(config_cmd.config)
 cli.add_command(new_cmd.new)
 cli.add_command(status_cmd.status)
+cli.add_command(dashboard)
 cli.add_command(serve_cmd.serve)
 cli.add_command(preflight_cmd.preflight)
+cli.add_command(agent_plugin_cmd.agent_plugin)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ def config_options(fn):
             help="Sandbox backend plugin: local, docker, k8s (Harbor's -e environment).",
         ),
         click.option("--engine", help="Inference engine plugin: hf, vllm."),
-        click.option("--optimizer", help="Optimizer plugin: torch, verl."),
+        click.option("--optimizer", help="Optimizer plugin: torch."),
         click.option("--verifier", help="Verifier plugin (default: harbor)."),
         click.option(
             "--set",

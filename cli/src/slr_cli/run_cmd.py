@@ -24,6 +24,11 @@ from slr_cli.preflight_cmd import gate, skip_preflight_option
     help="Continue the run in this run directory (runs/<run-id>) where it stopped.",
 )
 @click.option(
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Record the run in exactly this (new) folder instead of RUNS_DIR/<name>-<time>.",
+)
+@click.option(
     "--ray-address",
     metavar="ADDR",
     help="Run on this Ray cluster: auto (joined with `ray start`), host:port, "
@@ -39,6 +44,7 @@ def run(
     verifier,
     sets,
     resume,
+    output,
     ray_address,
     skip_preflight,
     **harbor,
@@ -50,6 +56,7 @@ def run(
       slr run -c examples/quickstart/slr.toml
       slr run --agent opencode --backend docker --set rollout.n_per_task=8
       slr run --resume runs/quickstart-20261130-101500
+      nohup slr run -c run.toml --output runs/mine > runs/mine.log 2>&1 &
       slr run --ray-address auto --set run.engine_replicas=4 --set run.engine_resources.GPU=1
       slr run -a opencode -e docker -m Qwen/Qwen2.5-Coder-0.5B-Instruct -p TASKS -n 8
 
@@ -65,7 +72,7 @@ def run(
     if ray_address is not None:
         sets = (*sets, f"run.ray_address={json.dumps(ray_address)}")
     if resume is not None:
-        chosen = (agent, backend, engine, optimizer, verifier, *harbor.values())
+        chosen = (agent, backend, engine, optimizer, verifier, output, *harbor.values())
         if config_path or sets or any(v is not None for v in chosen):
             raise UsageError(
                 "--resume continues a run with the config saved in its run directory; "
@@ -80,7 +87,9 @@ def run(
         cfg = checked = resolve_config(
             config_path, agent, backend, engine, optimizer, verifier, sets
         )
+    if output is not None:
+        RunDir.check_new(output)  # before the preflight: a taken folder is refused at once
     gate(checked, purpose="run", skip=skip_preflight)
     from slr.training import train  # the sync or async loop, as run.mode says
 
-    train(cfg, resume=resume)
+    train(cfg, resume=resume, output=output)

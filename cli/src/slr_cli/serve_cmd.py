@@ -10,6 +10,7 @@ import click
 
 from slr.loop import build_plugin
 from slr.plugins import get_plugin_manager
+from slr.proxy.server import is_loopback
 from slr.rollout import RolloutSession
 from slr.runs import RunDir
 from slr_cli.options import config_options, resolve_config
@@ -20,10 +21,16 @@ from slr_cli.options import config_options, resolve_config
 @config_options
 @click.option("--port", type=int, default=None, help="Port to listen on (default: [proxy] port).")
 @click.option(
+    "--host",
+    default=None,
+    help="Address to listen on (default: [proxy] host, 127.0.0.1). Off loopback every "
+    "request, the health check included, needs a session token.",
+)
+@click.option(
     "--sessions", type=click.IntRange(1), default=1, show_default=True, help="Sessions to open."
 )
 def serve(
-    model, config_path, agent, backend, engine, optimizer, verifier, sets, port, sessions
+    model, config_path, agent, backend, engine, optimizer, verifier, sets, port, host, sessions
 ) -> None:
     """Serve the policy through the proxy until interrupted.
 
@@ -47,6 +54,7 @@ def serve(
         *sets,
         "proxy.client_sampling=honor",
         *(() if port is None else (f"proxy.port={port}",)),
+        *(() if host is None else (f"proxy.host={json.dumps(host)}",)),
         *(() if model is None else (f"engine.model={json.dumps(model)}",)),
     )
     cfg = resolve_config(
@@ -77,6 +85,12 @@ async def _serve(cfg, n_sessions: int) -> None:
                 click.echo(f"session {s.trial_id}: token {s.token}")
                 click.echo(f"  openai    {s.openai_base_url}")
                 click.echo(f"  anthropic {s.anthropic_base_url}")
+            if not is_loopback(session.proxy.host):
+                click.echo(
+                    f"listening on {session.proxy.host}, reachable from other machines: every "
+                    "request needs a session token above (in the URL, or as the API key); "
+                    "without one it gets a 401"
+                )
             click.echo("Ctrl-C to stop and write the trajectories.", nl=True)
             await stop.wait()
             for s in opened:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -12,7 +13,48 @@ from rich.table import Table
 
 from slr.checkpoints import latest_checkpoint
 from slr.costs import PHASES, cost_means_by_step
+from slr.errors import UsageError
 from slr.runs import RunDir
+
+
+def state_of(run: RunDir, events: list[dict]) -> tuple[str, dict | None]:
+    """``running`` (a live process holds the run), the status its ``finished`` event gave
+    (``completed``, ``failed``, ``interrupted``), or ``stopped``: no process holds it and it
+    never finished (killed: resume it). Also the holder (pid, host, since, command)."""
+    holder = run.holder()
+    if holder is not None:
+        return "running", holder
+    finished = [e for e in events if e.get("event") == "finished"]
+    started = [e for e in events if e.get("event") == "started"]
+    if finished and (not started or started[-1]["time"] <= finished[-1]["time"]):
+        return str(finished[-1].get("status", "completed")), None
+    return "stopped", None
+
+
+def _steps_planned(run: RunDir) -> int | None:
+    try:
+        return int(tomllib.loads(run.config_text()).get("run", {}).get("steps", 1))
+    except (tomllib.TOMLDecodeError, TypeError, ValueError):
+        return None
+
+
+def runs_in(folder: Path) -> list[Path]:
+    """The run directories directly under ``folder``, oldest first (by creation)."""
+    found = [p for p in folder.iterdir() if (p / RunDir.CONFIG).is_file()]
+    return sorted(found, key=lambda p: ((p / RunDir.CONFIG).stat().st_mtime, p.name))
+
+
+def pick_run(path: Path) -> Path:
+    """``path`` itself when it is a run directory; the newest run when it is a folder of
+    runs (``run.runs_dir``)."""
+    if (path / RunDir.CONFIG).is_file() or not path.is_dir():
+        return path
+    found = runs_in(path)
+    if not found:
+        raise UsageError(
+            f"{str(path)!r} is neither a run directory nor a folder of runs; pass runs/<run-id>"
+        )
+    return found[-1]
 
 
 def summarize(run: RunDir) -> dict:
@@ -22,15 +64,21 @@ def summarize(run: RunDir) -> dict:
     metrics = run.metrics()
     checkpoint = latest_checkpoint(run)
     events = run.events()
+    state, holder = state_of(run, events)
     return {
         "run_id": run.id,
         "path": str(run.path),
+        "state": state,
+        "live": holder,
         "steps_done": metrics[-1]["step"] if metrics else 0,
+        "steps_planned": _steps_planned(run),
         "trials": len(trials),
         "terminations": dict(sorted(terminations.items())),
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "latest_checkpoint": checkpoint.name if checkpoint else None,
         "last_event": events[-1]["event"] if events else None,
+        "last_event_time": events[-1].get("time") if events else None,
+        "last_metrics": metrics[-1] if metrics else None,
         "costs_per_step": {
             ("-" if step is None else str(step)): means
             for step, means in sorted(
@@ -41,22 +89,65 @@ def summarize(run: RunDir) -> dict:
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument(
+    "path", required=False, default="runs", type=click.Path(file_okay=False, path_type=Path)
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def status(run_dir: Path, as_json: bool) -> None:
-    """Show a run's progress: steps, trials by termination, reward, last checkpoint.
+@click.option("--all", "every", is_flag=True, help="One line per run in a folder of runs.")
+def status(path: Path, as_json: bool, every: bool) -> None:
+    """Show a run's progress: state, steps, trials by termination, reward, last checkpoint.
 
-    RUN_DIR is a run directory such as runs/quickstart-20261130-101500. Safe to call while
-    the run is going: it only reads.
+    \b
+    Examples:
+      slr status runs/quickstart-20261130-101500
+      slr status                     the newest run under ./runs
+      slr status runs --all --json   every run there, and which are in flight
+
+    PATH is a run directory, or a folder of runs (default: runs), for its newest run. Safe
+    to call while the run is going: it only reads. `state` is running (a live process
+    holds the run: `live` names its pid, host and command), completed / failed /
+    interrupted (how it finished), or stopped (killed before it finished: resume it with
+    `slr run --resume PATH`).
     """
-    info = summarize(RunDir.open(run_dir))
+    if every:
+        if not path.is_dir():
+            raise UsageError(f"{str(path)!r} is not a folder of runs")
+        rows = []
+        for found in runs_in(path):
+            run = RunDir(found)
+            metrics = run.metrics()
+            state, holder = state_of(run, run.events())
+            rows.append(
+                {
+                    "run_id": run.id,
+                    "path": str(found),
+                    "state": state,
+                    "live": holder,
+                    "steps_done": metrics[-1]["step"] if metrics else 0,
+                }
+            )
+        if as_json:
+            click.echo(json.dumps(rows, indent=2))
+            return
+        table = Table("run", "state", "steps", "pid", title=f"runs in {path}")
+        for row in rows:
+            pid = str(row["live"].get("pid", "?")) if row["live"] is not None else "-"
+            table.add_row(row["run_id"], row["state"], str(row["steps_done"]), pid)
+        Console().print(table)
+        return
+    info = summarize(RunDir.watch(pick_run(path)))  # read-only: the run may be writing
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
     table = Table(show_header=False, title=f"run {info['run_id']}")
     for key, value in info.items():
-        if key not in ("run_id", "costs_per_step"):
-            table.add_row(key.replace("_", " "), "-" if value is None else str(value))
+        if key in ("run_id", "costs_per_step", "last_metrics"):
+            continue
+        if key == "live" and value is not None:
+            value = f"pid {value.get('pid', '?')} on {value.get('host', '?')} since " + str(
+                value.get("since", "?")
+            )
+        table.add_row(key.replace("_", " "), "-" if value is None else str(value))
     console = Console()
     console.print(table)
     if info["costs_per_step"]:

@@ -375,7 +375,7 @@ class AsyncLoop(Loop):
                     for step in range(self.start_step, cfg.run.steps + 1):
                         with slr_log.bound(step=step):
                             metrics = await self._train_step(step)
-                        self.finish_step(step, metrics)
+                        await self.finish_step(step, metrics)
                     # the run is done: what is still in flight is cancelled, not recorded
                     async with self._cond:
                         self._done = True

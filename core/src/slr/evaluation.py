@@ -99,7 +99,9 @@ class Evaluation:
             raise UsageError(f"-k/--samples must be at least 1, got {samples}")
         self.plugins = plugins or get_plugin_manager()
         self.samples, self.threshold = samples, threshold
-        self.tasks = load_tasks(config.tasks.path, include=config.tasks.include)
+        self.tasks = load_tasks(
+            config.tasks.path, include=config.tasks.include, split=config.tasks.split
+        )
         if not self.tasks:
             raise UsageError(f"no tasks found under tasks.path = {str(config.tasks.path)!r}")
         self.agent = build_plugin(config, self.plugins, "agent")
@@ -121,6 +123,7 @@ class Evaluation:
         # last: loading the model is the slow part, so the cheap checks fail before it
         self.engine = build_plugin(config, self.plugins, "engine") if self.needs_model else None
         self.run = resume or create_run_dir(config, output=output, name=name)
+        self.run.hold()
 
     @classmethod
     def resume(cls, path: Path, *, plugins: PluginManager | None = None) -> Self:

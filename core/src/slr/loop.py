@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
@@ -48,7 +49,7 @@ from slr.costs import cost_means
 from slr.errors import UsageError
 from slr.plugins import PluginManager
 from slr.rollout import BatchRunner, RolloutSession, TrialSpec, emit
-from slr.runs import RunDir, atomic_write
+from slr.runs import RunDir, atomic_write, wait_for_space
 from slr.runtime.engines import replica_handles, start_engine_replicas
 from slr.runtime.trainer import RemoteOptimizer, start_trainer
 from slr.runtime.workers import RolloutPool, start_rollout_workers
@@ -244,7 +245,9 @@ async def rollout_step(
 class Loop:
     def __init__(self, config: Config, run: RunDir, plugins: PluginManager) -> None:
         self.config, self.run, self.plugins = config, run, plugins
-        self.tasks = load_tasks(config.tasks.path, include=config.tasks.include)
+        self.tasks = load_tasks(
+            config.tasks.path, include=config.tasks.include, split=config.tasks.split
+        )
         if not self.tasks:
             raise UsageError(f"no tasks found under tasks.path = {str(config.tasks.path)!r}")
         self.parts = build_components(config, plugins)
@@ -346,21 +349,38 @@ class Loop:
             return
         t0 = time.monotonic()
         optimizer = self.parts.optimizer
+        waited: list[float] = []
+        # a full disk makes the checkpoint wait for space and start over (it is written
+        # under its .partial name, so a retry begins from nothing)
         await asyncio.to_thread(
-            checkpoints.write_checkpoint,
-            self.run,
-            step,
-            save=optimizer.save,
-            metrics=metrics,
-            servable_weights=optimizer.servable_weights,
-            **state,
+            wait_for_space,
+            functools.partial(
+                checkpoints.write_checkpoint,
+                self.run,
+                step,
+                save=optimizer.save,
+                metrics=metrics,
+                servable_weights=optimizer.servable_weights,
+                **state,
+            ),
+            checkpoints.checkpoint_dir(self.run, step),
+            on_waited=waited.append,
         )
+        if waited:
+            self.run.append_event("disk_full", waited_s=round(waited[0], 2), file="checkpoint")
         metrics["time/checkpoint_s"] = time.monotonic() - t0
 
-    def finish_step(self, step: int, metrics: dict[str, Any]) -> None:
-        """The step's metrics line, made durable, logged and announced."""
-        self.run.append_metrics(step, metrics)
-        self.run.sync()
+    async def finish_step(self, step: int, metrics: dict[str, Any]) -> None:
+        """The step's metrics line, made durable, logged and announced.
+
+        The write runs in a thread: on a full disk it waits for space, and the event loop
+        (the proxy, every trial in flight) must not wait with it."""
+
+        def write() -> None:
+            self.run.append_metrics(step, metrics)
+            self.run.sync()
+
+        await asyncio.to_thread(write)
         log.info("step done", step=step, reward_mean=metrics.get("reward/mean"))
         emit(self.plugins, "on_step_finished", run_dir=self.run, step=step, metrics=metrics)
 
@@ -424,5 +444,5 @@ class Loop:
             for step in range(self.start_step, cfg.run.steps + 1):
                 with slr_log.bound(step=step):
                     metrics = await self.step(step, runner)
-                self.finish_step(step, metrics)
+                await self.finish_step(step, metrics)
         return "completed"

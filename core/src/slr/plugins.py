@@ -33,6 +33,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "slr.builtin_plugins.model_free_agents",
     "slr.builtin_plugins.tool_parsers",
     "slr.builtin_plugins.preflight_checks",
+    "slr.builtin_plugins.runtime_checks",
+    "slr.builtin_plugins.sandbox_checks",
     "slr.builtin_plugins.metric_loggers",
 )
 CORE_DISTRIBUTION = "slr-core"

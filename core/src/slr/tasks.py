@@ -380,16 +380,22 @@ def is_task_folder(path: Path) -> bool:
     return (path / TASK_TOML).is_file()
 
 
-def load_tasks(path: Path | str, *, include: Iterable[str] = ()) -> list[Task]:
+def load_tasks(path: Path | str, *, include: Iterable[str] = (), split: str = "") -> list[Task]:
     """Tasks from a task folder, a folder of task folders, or a parquet task index.
 
     The index holds pointers, not content: a ``path`` column (relative to the index file's
-    folder, or absolute). ``include`` keeps only those task ids. Any broken task fails the
+    folder, or absolute). ``split`` keeps only an index's rows with that ``split`` value
+    (``[tasks] split``); ``include`` keeps only those task ids. Any broken task fails the
     whole load: validate with ``slr check-tasks`` first.
     """
     root = Path(path)
     if root.is_file() and root.suffix == ".parquet":
-        folders = _index_folders(root)
+        folders = _index_folders(root, split=split)
+    elif split:
+        raise UsageError(
+            f"tasks.split = {split!r} selects rows of a parquet task index, but {root} is a "
+            f"folder; point tasks.path at the index (`slr data index`), or drop tasks.split"
+        )
     elif root.is_dir() and is_task_folder(root):
         folders = [root]
     elif root.is_dir():
@@ -406,21 +412,34 @@ def load_tasks(path: Path | str, *, include: Iterable[str] = ()) -> list[Task]:
     return tasks
 
 
-def _index_folders(index: Path) -> list[Path]:
+def index_rows(index: Path) -> list[dict]:
+    """The rows of a parquet task index (``id``, ``path``, and whatever else it holds)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise UsageError(
             f"{index}: reading a parquet task index needs pyarrow (pip install pyarrow)"
         ) from None
-    table = pq.read_table(index)
-    if "path" not in table.column_names:
+    return pq.read_table(index).to_pylist()
+
+
+def _index_folders(index: Path, *, split: str = "") -> list[Path]:
+    rows = index_rows(index)
+    columns = set(rows[0]) if rows else set()
+    if rows and "path" not in columns:
         raise UsageError(
-            f"{index}: a task index needs a 'path' column; it has {', '.join(table.column_names)}"
+            f"{index}: a task index needs a 'path' column; it has {', '.join(sorted(columns))}"
         )
+    if split:
+        if rows and "split" not in columns:
+            raise UsageError(
+                f"tasks.split = {split!r}, but {index} has no 'split' column; write the index "
+                f"with `slr data index`, or drop tasks.split"
+            )
+        rows = [r for r in rows if r.get("split") == split]
     out = []
-    for value in table.column("path").to_pylist():
-        p = Path(value)
+    for row in rows:
+        p = Path(row["path"])
         out.append(p if p.is_absolute() else (index.parent / p))
     return out
 

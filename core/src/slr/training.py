@@ -19,15 +19,22 @@ from slr.rollout import emit
 from slr.runs import RunDir
 
 
-def train(config: Config | None, *, resume: Path | None = None) -> RunDir:
-    """``slr run``: a new run from ``config``, or continue the run in ``resume``."""
+def train(
+    config: Config | None, *, resume: Path | None = None, output: Path | None = None
+) -> RunDir:
+    """``slr run``: a new run from ``config`` (in ``output`` when given, else a new
+    ``<name>-<time>`` under ``run.runs_dir``), or continue the run in ``resume``."""
     plugins = get_plugin_manager()
     if resume is not None:
         run = RunDir.open(resume)
         config = load_config(run.path / RunDir.CONFIG, plugins=plugins)
     else:
         assert config is not None
-        run = RunDir.create(config.run.runs_dir, config.run.name, config.to_toml())
+        if output is not None:
+            run = RunDir.create_at(output, config.to_toml())
+        else:
+            run = RunDir.create(config.run.runs_dir, config.run.name, config.to_toml())
+    run.hold()  # a second `slr run --resume` of the same run is refused, not interleaved
     slr_log.bind(run_id=run.id)
     loop = (AsyncLoop if config.run.mode == "async" else Loop)(config, run, plugins)
     if resume is not None:

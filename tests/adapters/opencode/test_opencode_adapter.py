@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from slr_adapter_opencode.adapter import OpenCode
+from slr_adapter_opencode.adapter import OpenCode, OpenCodeConfig
 
 from slr.contracts import Endpoint
 from slr.testing import ScaffoldAdapterTests
@@ -40,3 +40,10 @@ def test_config_makes_the_session_the_only_provider():
     assert provider["models"]["m"]["tool_call"] is True
     assert config["model"] == "slr/m" and config["enabled_providers"] == ["slr"]
     assert env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
+
+
+def test_compaction_is_on_as_in_opencode_and_configurable():
+    endpoint = Endpoint(base_url="http://127.0.0.1:9", api_key="k", model="m")
+    assert OpenCode().opencode_config(endpoint)["compaction"] == {"auto": True, "prune": False}
+    off = OpenCode(OpenCodeConfig(auto_compact=False, prune=True)).opencode_config(endpoint)
+    assert off["compaction"] == {"auto": False, "prune": True}

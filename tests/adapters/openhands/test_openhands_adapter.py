@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from slr_adapter_openhands.adapter import OpenHands
+from slr_adapter_openhands.adapter import OpenHands, OpenHandsConfig
 
 from slr.contracts import Endpoint
 from slr.testing import ScaffoldAdapterTests
@@ -46,3 +46,12 @@ def test_command_brings_its_own_tmux_and_litellm_offline_and_ends_tmux_after():
     assert end_tmux("/b") == (
         f'PATH="$PATH:/b/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server'
     )
+
+
+def test_the_condenser_is_on_as_in_openhands_default_agent_and_configurable():
+    endpoint = Endpoint(base_url="http://127.0.0.1:9", api_key="k", model="m")
+    assert OpenHands().settings(endpoint)["condenser"] == {"max_size": 80, "keep_first": 4}
+    off = OpenHands(OpenHandsConfig(condenser=False)).settings(endpoint)
+    assert off["condenser"] is None
+    with pytest.raises(ValueError, match="condenser_keep_first = 9 leaves nothing to condense"):
+        OpenHandsConfig(condenser_max_events=20, condenser_keep_first=9)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from slr_adapter_terminus.adapter import Terminus
+from slr_adapter_terminus.adapter import Terminus, TerminusConfig
 
 from slr.contracts import Endpoint
 from slr.testing import ScaffoldAdapterTests
@@ -57,3 +57,16 @@ def test_command_brings_its_own_tmux_and_litellm_offline_and_ends_tmux_after():
     assert end_tmux("/b") == (
         f'PATH="$PATH:/b/tools/bin" TMUX_TMPDIR={TMUX_TMPDIR} tmux kill-server'
     )
+
+
+def test_summarisation_is_on_as_in_harbor_with_a_threshold_that_fits_the_window():
+    endpoint = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    settings = Terminus().settings(endpoint)
+    assert settings["enable_summarize"] is True
+    assert (
+        0
+        < settings["proactive_summarization_threshold"]
+        < settings["model_info"]["max_input_tokens"]
+    )
+    off = Terminus(TerminusConfig(enable_summarize=False, summarize_free_tokens=0))
+    assert off.settings(endpoint)["enable_summarize"] is False

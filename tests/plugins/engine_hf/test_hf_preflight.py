@@ -83,3 +83,21 @@ def test_a_tokenizer_without_a_chat_template_is_fatal(tokenizer):
     bare.chat_template = None
     result = chat_template_round_trip(bare)
     assert result.status == "fatal" and "no chat template" in result.message
+
+
+def test_a_cuda_device_on_a_machine_without_gpu_is_fatal(tmp_path, monkeypatch):
+    from slr.preflight import gpus
+
+    monkeypatch.setattr(gpus, "NVIDIA_SMI", str(tmp_path / "no-nvidia-smi"))
+    plugins = get_plugin_manager()
+    for device, expected in (("cuda", "fatal"), ("cpu", None)):
+        cfg = load_config(
+            plugins=plugins,
+            choose={"agent": "nop", "backend": "local", "engine": "hf"},
+            sets=[f'engine.device="{device}"'],
+        )
+        [check] = [c for c in plugins.preflight_checks() if c.name == "hf-device"]
+        lines = run_checks([check], Context(config=cfg, plugins=plugins), stages=("machine",)).lines
+        assert [line.result.status for line in lines] == ([expected] if expected else [])
+        if expected:
+            assert 'engine.device = "cpu"' in lines[0].result.fix

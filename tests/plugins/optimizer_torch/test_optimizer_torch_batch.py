@@ -225,3 +225,15 @@ def test_micro_batches_respect_the_token_budget_and_cover_every_row_once():
     assert [4] in micro
     capped = batching.micro_batches(range(8), lengths, max_tokens=10_000, max_size=3)
     assert max(len(m) for m in capped) == 3
+
+
+def test_mini_batches_hold_whole_groups_ppo_mini_batch_size_at_a_time():
+    """verl's ppo_mini_batch_size is a size in prompts (groups), not a count of batches."""
+    ids = ["a", "a", "b", "c", "b", "c", "d"]
+    assert batching.mini_batches(ids, 0, None) == [[0, 1, 2, 4, 3, 5, 6]]
+    assert batching.mini_batches(ids, 2, None) == [[0, 1, 2, 4], [3, 5, 6]]
+    assert batching.mini_batches(ids, 9, None) == [[0, 1, 2, 4, 3, 5, 6]]
+    shuffled = batching.mini_batches(ids, 1, torch.Generator().manual_seed(0))
+    assert len(shuffled) == 4
+    assert sorted(i for mb in shuffled for i in mb) == list(range(len(ids)))
+    assert all(len({ids[i] for i in mb}) == 1 for mb in shuffled)  # one whole group each

@@ -76,9 +76,9 @@ def test_logprob_agreement_drops_when_the_temperature_or_the_weights_differ():
 
 def test_agreement_is_measured_before_the_update_with_several_mini_batches():
     model = tiny_causal_lm()
-    opt = _optimizer(model, temperature=0.9, ppo_mini_batches=3, ppo_epochs=2, lr=1e-2)
+    opt = _optimizer(model, temperature=0.9, ppo_mini_batch_size=1, ppo_epochs=2, lr=1e-2)
     metrics = opt.step(_trials(model, temperature=0.9))
-    assert metrics["update/count"] == 6
+    assert metrics["update/count"] == 6  # 3 groups of one group each, twice
     assert metrics["rollout/logprob_abs_diff_mean"] < 1e-4
     # later updates see moved weights: the ratio departs from 1 and verl's clip engages
     assert metrics["actor/ppo_kl"] != 0
@@ -167,7 +167,7 @@ def test_policy_losses_by_name_and_micro_batching_does_not_change_the_update(
 
 
 def test_kl_to_a_frozen_reference_and_entropy_bonus():
-    algorithm = AlgorithmSection(kl_coef=0.1, entropy_coef=0.01)
+    algorithm = AlgorithmSection(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01)
     model = tiny_causal_lm()
     opt = _optimizer(model, algorithm=algorithm, lr=1e-2)
     first = opt.step(_trials(model, temperature=1.0, seed=0))
@@ -219,8 +219,8 @@ def test_a_batch_of_only_failures_and_zero_variance_groups_skips_the_update():
 
 def test_checkpoint_resume_is_exact(tmp_path):
     """save, step == load, step: parameters, optimizer state and shuffling all restored."""
-    options = {"ppo_mini_batches": 2, "seed": 7}
-    algorithm = AlgorithmSection(kl_coef=0.05)
+    options = {"ppo_mini_batch_size": 2, "seed": 7}
+    algorithm = AlgorithmSection(use_kl_loss=True, kl_loss_coef=0.05)
     data = tiny_causal_lm(seed=4)
     batch1 = _trials(data, temperature=1.0, seed=1, prefix="a")
     batch2 = _trials(data, temperature=1.0, seed=2, prefix="b")

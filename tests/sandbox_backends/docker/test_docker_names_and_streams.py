@@ -14,14 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slr_backend_docker import DockerBackendConfig
-from slr_backend_docker.backend import (
-    _COMPONENT,
-    MIN_THREADS,
-    THREADS_PER_SANDBOX,
-    DockerBackend,
-    _repo_name,
-)
+from slr_backend_docker.backend import MIN_THREADS, THREADS_PER_SANDBOX, DockerBackend
 from slr_backend_docker.base_image import BASE_TAG
+from slr_backend_docker.tags import _COMPONENT, _repo_name
 
 from slr.contracts import SandboxError
 from slr.sandboxing.labels import OWNER_PID, SANDBOX

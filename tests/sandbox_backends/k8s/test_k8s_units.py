@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -116,6 +117,15 @@ def test_exit_status_parsing():
     assert parse_status(b"") == (None, "")
     other = {"status": "Failure", "message": 'exec: "sh": not found'}
     assert parse_status(json.dumps(other).encode()) == (None, 'exec: "sh": not found')
+
+
+def test_exec_wrapper_sets_rlimits_that_cannot_be_raised_without_privilege():
+    script = "ulimit -n; ulimit -f; ulimit -n 99999 2>/dev/null && echo raised || echo kept"
+    argv = wrap(["sh", "-c", script], marker="m", open_files=100, file_size_mb=2)
+    if os.geteuid() == 0:  # root here has CAP_SYS_RESOURCE, a pod's root does not
+        argv = ["setpriv", "--inh-caps=-all", "--bounding-set=-sys_resource", *argv]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["100", str(2 * 2048), "kept"]  # one file: 2 MB in 512-byte blocks
 
 
 def test_exec_wrapper_sets_cwd_env_and_marker(tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attrs import frozen
+from attrs import frozen, validators
 
 from slr.agents import bundles
 from slr.agents.bundle_recipes import npm_packages
@@ -26,6 +26,25 @@ class ClaudeCodeConfig:
         "of tool schemas per call).",
     )
     max_turns: int = option(0, doc="Most agentic turns (--max-turns); 0 leaves it to Claude Code.")
+    auto_compact: bool = option(
+        True,
+        doc="Claude Code's automatic compaction (on in Claude Code): near its context limit it "
+        "summarises the conversation and goes on from the summary, which the proxy records as "
+        "a rewrite segment. false sets DISABLE_AUTO_COMPACT=1.",
+    )
+    compact_window: int = option(
+        0,
+        doc="Context window, in tokens, that auto-compaction counts against "
+        "(CLAUDE_CODE_AUTO_COMPACT_WINDOW); 0: Claude Code's own (200k for a model name it does "
+        "not know, so a small policy overflows before it would compact).",
+        validator=validators.ge(0),
+    )
+    compact_percent: int = option(
+        0,
+        doc="Percentage of that window at which it compacts (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE; "
+        "it can only lower Claude Code's threshold); 0: Claude Code's own.",
+        validator=[validators.ge(0), validators.le(100)],
+    )
     extra_args: list[str] = option(factory=list, doc="More command-line arguments for `claude`.")
     env: dict[str, str] = option(factory=dict, doc="More environment variables for `claude`.")
 
@@ -80,6 +99,7 @@ class ClaudeCode(AgentAdapter):
             "IS_SANDBOX": "1",
             # Its state and session transcripts, kept apart from the task's HOME.
             "CLAUDE_CONFIG_DIR": f"{AGENT_DIR}/claude",
+            **compaction_env(c),
             **c.env,
         }
         return command, env
@@ -95,6 +115,18 @@ class ClaudeCode(AgentAdapter):
             timeout_s=timeout_s,
             logs_from=[f"{AGENT_DIR}/claude/projects"],
         )
+
+
+def compaction_env(c: ClaudeCodeConfig) -> dict[str, str]:
+    """The environment that sets Claude Code's context management (nothing: its defaults)."""
+    env: dict[str, str] = {}
+    if not c.auto_compact:
+        env["DISABLE_AUTO_COMPACT"] = "1"
+    if c.compact_window:
+        env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(c.compact_window)
+    if c.compact_percent:
+        env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] = str(c.compact_percent)
+    return env
 
 
 def _build(step: bundles.BuildStep, version: str) -> None:

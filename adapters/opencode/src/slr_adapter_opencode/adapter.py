@@ -34,6 +34,17 @@ class OpenCodeConfig:
     max_steps: int = option(
         0, doc="Most agentic steps of its `build` agent (`agent.build.steps`); 0: its default."
     )
+    auto_compact: bool = option(
+        True,
+        doc="OpenCode's automatic compaction (`compaction.auto`, on in OpenCode): when a "
+        "call would overflow context_tokens it summarises the session and goes on from the "
+        "summary (a rewrite segment).",
+    )
+    prune: bool = option(
+        False,
+        doc="OpenCode's pruning of old tool outputs (`compaction.prune`, off in OpenCode): "
+        "it rewrites earlier turns, so each prune starts a new segment.",
+    )
     extra_args: list[str] = option(factory=list, doc="More arguments for `opencode run`.")
     env: dict[str, str] = option(factory=dict, doc="More environment variables for OpenCode.")
 
@@ -79,6 +90,7 @@ class OpenCode(AgentAdapter):
             "share": "disabled",
             "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
             "tools": dict(c.tools),
+            "compaction": {"auto": c.auto_compact, "prune": c.prune},
             **({"agent": {"build": {"steps": c.max_steps}}} if c.max_steps else {}),
         }
 

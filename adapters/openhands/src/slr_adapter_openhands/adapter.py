@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from attrs import frozen, validators
 
 from slr.agents import bundles
@@ -25,6 +27,16 @@ from slr.config import option
 from slr.contracts import AgentAdapter, AgentOutcome, Bundle, Endpoint, Sandbox
 
 
+def _leaves_room_to_condense(instance: Any, attribute: Any, value: int) -> None:
+    # OpenHands refuses a condenser with nothing between its kept head and its tail
+    if instance.condenser and value >= instance.condenser_max_events // 2 - 1:
+        raise ValueError(
+            f"agent.condenser_keep_first = {value} leaves nothing to condense with "
+            f"condenser_max_events = {instance.condenser_max_events}; keep it under "
+            f"{instance.condenser_max_events // 2 - 1} or raise condenser_max_events"
+        )
+
+
 @frozen(kw_only=True)
 class OpenHandsConfig:
     version: str = option(
@@ -43,6 +55,25 @@ class OpenHandsConfig:
         True,
         doc="Let OpenHands run with a context window under its 16k minimum "
         "(ALLOW_SHORT_CONTEXT_WINDOWS); small policies (SmolLM2: 8k) need it.",
+    )
+    condenser: bool = option(
+        True,
+        doc="OpenHands' context condenser (LLMSummarizingCondenser, as its default agent "
+        "has): past condenser_max_events events, or near context_tokens, the older events "
+        "are summarised by the same model (a side call: a fork) and replaced by the summary "
+        "(a rewrite segment). false: the agent keeps its whole history.",
+    )
+    condenser_max_events: int = option(
+        80,
+        doc="Events the history may hold before it is condensed (its max_size; OpenHands' "
+        "default agent uses 80).",
+        validator=validators.ge(4),
+    )
+    condenser_keep_first: int = option(
+        4,
+        doc="Leading events never condensed (its keep_first; OpenHands' default agent uses "
+        "4); must be under condenser_max_events / 2 - 1.",
+        validator=[validators.ge(0), _leaves_room_to_condense],
     )
     python: str = option("3.12", doc="Python version of the bundle's interpreter (>= 3.12).")
     env: dict[str, str] = option(factory=dict, doc="More environment variables for the agent.")
@@ -71,6 +102,11 @@ class OpenHands(AgentAdapter):
             "max_iterations": c.max_iterations,
             "max_input_tokens": c.context_tokens,
             "max_output_tokens": c.output_tokens,
+            "condenser": (
+                {"max_size": c.condenser_max_events, "keep_first": c.condenser_keep_first}
+                if c.condenser
+                else None
+            ),
             "persistence_dir": f"{AGENT_DIR}/openhands",
             "instruction_file": f"{AGENT_DIR}/instruction.md",
         }

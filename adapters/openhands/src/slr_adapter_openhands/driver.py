@@ -35,7 +35,21 @@ def main(settings: dict) -> int:
         max_output_tokens=settings["max_output_tokens"],
         native_tool_calling=True,
     )
-    agent = Agent(llm=llm, tools=[Tool(name=known[name].name) for name in settings["tools"]])
+    condenser = None
+    if settings.get("condenser"):
+        from openhands.sdk.context.condenser import (  # pyright: ignore[reportMissingImports]
+            LLMSummarizingCondenser,
+        )
+
+        # as OpenHands' default agent does: the same model, under its own usage id
+        condenser = LLMSummarizingCondenser(
+            llm=llm.model_copy(update={"usage_id": "condenser"}), **settings["condenser"]
+        )
+    agent = Agent(
+        llm=llm,
+        tools=[Tool(name=known[name].name) for name in settings["tools"]],
+        condenser=condenser,
+    )
     conversation = Conversation(
         agent=agent,
         workspace=os.getcwd(),

@@ -17,3 +17,20 @@ def register_commands(cli):
     from slr.agents.bundles_cli import add_bundles_command
 
     add_bundles_command(cli)
+
+
+def check_bundle(ctx):
+    """The terminus bundle is built and its interpreter runs and has harbor at the configured version."""
+    if ctx.config.agent.name not in ("terminus", "terminus-2"):
+        return None
+    from slr.agents.bundle_recipes import python_env
+    from slr.preflight.bundles import VERSION_PROBE, bundle_runs
+
+    c = ctx.options("agent")
+    command = [f"python/bin/python{c.python}", "-c", VERSION_PROBE, "harbor", c.version]
+    return bundle_runs("terminus", f"{c.version}-py{c.python}", command, env=python_env)
+
+
+@hookimpl
+def register_preflight_checks(register):
+    register("terminus-bundle", check_bundle, stage="data")

@@ -34,7 +34,17 @@ class TerminusConfig:
     context_tokens: int = option(8192, doc="Context window Terminus-2 is told the model has.")
     output_tokens: int = option(1024, doc="Most tokens per model call.")
     enable_summarize: bool = option(
-        False, doc="Let Terminus-2 summarise its history when the context fills up."
+        True,
+        doc="Terminus-2's summarisation (on in harbor): when the context fills up, helper "
+        "calls (their own conversations: forks) summarise the history and the agent goes on "
+        "from the summary (a rewrite segment).",
+    )
+    summarize_free_tokens: int = option(
+        2048,
+        doc="Summarise proactively once fewer tokens than this are left of context_tokens "
+        "(harbor's proactive_summarization_threshold; 0: only on an overflow). harbor's own "
+        "8000 would summarise before every call in an 8k window.",
+        validator=validators.ge(0),
     )
     python: str = option("3.12", doc="Python version of the bundle's interpreter (>= 3.12).")
     extra_kwargs: dict[str, object] = option(
@@ -65,6 +75,7 @@ class Terminus(AgentAdapter):
             "api_base": openai_base_url(endpoint.base_url),
             "max_turns": c.max_turns,
             "enable_summarize": c.enable_summarize,
+            "proactive_summarization_threshold": c.summarize_free_tokens,
             "model_info": {
                 "max_input_tokens": c.context_tokens,
                 "max_output_tokens": c.output_tokens,

@@ -78,6 +78,7 @@ async def main(settings: dict) -> int:
         max_turns=settings["max_turns"],
         temperature=settings.get("temperature"),
         enable_summarize=settings["enable_summarize"],
+        proactive_summarization_threshold=settings["proactive_summarization_threshold"],
         record_terminal_session=False,
         model_info=settings["model_info"],
         suppress_max_turns_warning=True,

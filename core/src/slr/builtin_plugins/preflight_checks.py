@@ -145,14 +145,31 @@ def check_pitfalls(ctx: Context) -> list[CheckResult]:
                 )
             )
         ref = getattr(cfg.optimizer.options, "ref_model", "")
-        if ref and alg.kl_coef == 0:
+        if ref and not alg.use_kl_loss:
             found.append(
                 warn(
-                    f"optimizer.ref_model = {ref!r} but algorithm.kl_coef = 0: the reference "
-                    f"model is never used",
-                    fix="set algorithm.kl_coef > 0, or drop optimizer.ref_model",
+                    f"optimizer.ref_model = {ref!r} but algorithm.use_kl_loss = false: the "
+                    f"reference model is never used",
+                    fix="set algorithm.use_kl_loss = true, or drop optimizer.ref_model",
                 )
             )
+    if ctx.purpose == "run" and alg.clip_ratio_low >= 1.0:
+        found.append(
+            fatal(
+                f"algorithm.clip_ratio_low = {alg.clip_ratio_low}: the ratio's lower bound "
+                f"1 - clip_ratio_low is {1 - alg.clip_ratio_low:g}, so a lowered token is never "
+                f"clipped and one bad step can collapse it",
+                fix="set algorithm.clip_ratio_low below 1 (0.2 is usual)",
+            )
+        )
+    if ctx.purpose == "run" and r.dynamic_sampling and r.max_oversample == 0:
+        found.append(
+            warn(
+                "rollout.dynamic_sampling with max_oversample = 0: groups without reward "
+                "variance are dropped and never replaced, so steps train on fewer groups",
+                fix="set rollout.max_oversample to 1 or more",
+            )
+        )
     if r.top_p < 1.0 and ctx.purpose == "run":
         found.append(
             warn(
@@ -239,7 +256,7 @@ def check_tasks(ctx: Context) -> CheckResult:
 
     path = ctx.config.tasks.path
     try:
-        tasks = load_tasks(path, include=ctx.config.tasks.include)
+        tasks = load_tasks(path, include=ctx.config.tasks.include, split=ctx.config.tasks.split)
     except SlrError as exc:
         return fatal(str(exc), fix="fix tasks.path / tasks.include, then `slr check-tasks PATH`")
     if not tasks:

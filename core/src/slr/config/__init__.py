@@ -12,7 +12,7 @@ import difflib
 import tomllib
 import typing
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import attrs
 import tomli_w
@@ -135,6 +135,12 @@ class TasksSection:
     )
     include: list[str] = option(
         factory=list, doc="Task ids to use; empty means every task under `path`."
+    )
+    split: str = option(
+        "",
+        doc="With a parquet task index: only its rows whose `split` column has this value "
+        "('train', 'held-out'; `slr data index` writes them). Empty: every row. Training on "
+        "an index that holds held-out rows needs 'train' (the preflight refuses otherwise).",
     )
 
 
@@ -261,19 +267,59 @@ class RolloutCorrectionSection:
 
 @frozen(kw_only=True)
 class AlgorithmSection:
+    """The RL math, by verl's names with verl's meanings (the table in docs/training.md
+    gives each key's verl config path): verl's ``algorithm.*`` and the loss fields of its
+    ``actor_rollout_ref.actor``. How a trainer runs it (model, AdamW, batching) is
+    ``[optimizer]``."""
+
+    RENAMED: ClassVar[dict[str, str]] = {
+        "kl_coef": "it set a KL *loss* to the reference model (verl's "
+        "actor.kl_loss_coef), not verl's in-reward KL penalty (algorithm.kl_ctrl.kl_coef, "
+        "not supported). Write use_kl_loss = true and kl_loss_coef = VALUE in [algorithm]",
+        "entropy_coef": "write entropy_coeff (verl's actor.entropy_coeff, same meaning)",
+    }
+
     adv_estimator: str = option(
         "grpo", doc="verl advantage estimator by name: grpo, rloo, reinforce_plus_plus, gae, ..."
     )
     policy_loss: str = option(
-        "vanilla", doc="verl policy loss by name: vanilla (PPO clip), gspo, cispo, clip_cov, ..."
+        "vanilla",
+        doc="verl policy loss by name (verl's actor.policy_loss.loss_mode): vanilla (PPO "
+        "clip), gspo, cispo, clip_cov, ...",
     )
     clip_ratio_low: float = option(0.2, doc="PPO clip range below 1.")
     clip_ratio_high: float = option(0.2, doc="PPO clip range above 1.")
-    kl_coef: float = option(0.0, doc="Weight of the KL penalty to the reference model (0: off).")
-    entropy_coef: float = option(0.0, doc="Weight of the entropy bonus (0: off).")
+    use_kl_loss: bool = option(
+        False,
+        doc="Add a KL loss to the reference model to the policy loss (verl's actor "
+        "use_kl_loss; the reference is a frozen copy of the initial policy).",
+    )
+    kl_loss_coef: float = option(
+        0.001,
+        doc="Weight of the KL loss when use_kl_loss is true (verl's actor kl_loss_coef).",
+        validator=validators.ge(0.0),
+    )
+    kl_loss_type: str = option(
+        "low_var_kl",
+        doc="verl KL estimator for the KL loss: kl (k1), mse (k2), low_var_kl (k3), ...",
+    )
+    entropy_coeff: float = option(
+        0.0, doc="Weight of the entropy bonus (0: off; verl's actor entropy_coeff)."
+    )
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
     ] = option("token-mean", doc="How per-token losses are aggregated (verl's names).")
+    loss_scale_factor: int | None = option(
+        None,
+        doc="seq-mean-token-sum-norm divisor; unset: the mini-batch's longest row. Set it "
+        "for a normalisation constant across steps.",
+        validator=validators.optional(validators.ge(1)),
+    )
+    gamma: float = option(1.0, doc="Discount for gae and reinforce_plus_plus.")
+    lam: float = option(1.0, doc="GAE lambda.")
+    norm_adv_by_std_in_grpo: bool = option(
+        True, doc="GRPO: divide by the group's reward std (false: Dr. GRPO)."
+    )
     rollout_correction: RolloutCorrectionSection = option(
         factory=RolloutCorrectionSection,
         doc="Off-policy correction between the rollout's behaviour log-probs and the "
@@ -314,6 +360,13 @@ class ProxySection:
         "slower client is answered 408 and cut off.",
         validator=validators.gt(0),
     )
+    write_timeout_s: float = option(
+        30.0,
+        doc="A client that reads nothing of its answer for this many seconds, while the proxy "
+        "has more than 64 KiB waiting for it, is cut off and its generation cancelled (a slow "
+        "reader cannot hold the engine).",
+        validator=validators.gt(0),
+    )
     client_sampling: Literal["ignore", "honor"] = option(
         "ignore",
         doc="What to do with the temperature / top_p / top_k an agent sends. 'ignore': sample "
@@ -340,7 +393,11 @@ class Config:
     run: RunSection = option(factory=RunSection, doc="The run itself.")
     tasks: TasksSection = option(factory=TasksSection, doc="Which tasks to train on.")
     rollout: RolloutSection = option(factory=RolloutSection, doc="How trials are rolled out.")
-    algorithm: AlgorithmSection = option(factory=AlgorithmSection, doc="The RL algorithm.")
+    algorithm: AlgorithmSection = option(
+        factory=AlgorithmSection,
+        doc="The RL algorithm, by verl's option names with verl's meanings (docs/training.md "
+        "maps each to verl's config path).",
+    )
     proxy: ProxySection = option(factory=ProxySection, doc="The in-process proxy.")
     agent: PluginChoice = option(doc="The agent scaffold plugin and its options.")
     backend: PluginChoice = option(doc="The sandbox backend plugin and its options.")

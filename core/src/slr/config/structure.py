@@ -126,13 +126,21 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
 
 
 def structure(data: dict[str, Any], cls: type[T], *, path: str = "") -> T:
-    """Build ``cls`` from a TOML table, rejecting unknown keys and bad values by name."""
+    """Build ``cls`` from a TOML table, rejecting unknown keys and bad values by name.
+
+    A config class may map former key names to what to write instead in a class-level
+    ``RENAMED: ClassVar[dict[str, str]]``: such a key fails with that advice, not with
+    "unknown key", so an old config says what its key is called now.
+    """
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in attrs.fields(cls) if f.init}
     prefix = f"{path}." if path else ""
     where = f"[{path}]" if path else "the top level"
     kwargs: dict[str, Any] = {}
+    renamed = getattr(cls, "RENAMED", {})
     for key, value in data.items():
+        if key not in fields and key in renamed:
+            raise ConfigError(f"{prefix}{key} is no longer an option: {renamed[key]}")
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""

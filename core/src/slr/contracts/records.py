@@ -268,6 +268,17 @@ class TrialResult:
     # the agent's change to the working repository, when the trial was run with
     # capture_diff (slr infer); None otherwise
     diff: str | None = None
+    # How the agent managed its context, read off the trajectory's segment tree (written to
+    # the record for readers; recomputed from the trajectory when a record is built or read):
+    # ``compactions`` counts rewrite branches (a compaction, an edited history), ``subagents``
+    # fork branches (a sub-agent, a side conversation on the same endpoint).
+    compactions: int = field(init=False, default=0)
+    subagents: int = field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        if self.trajectory is not None:
+            object.__setattr__(self, "compactions", self.trajectory.num_rewrites)
+            object.__setattr__(self, "subagents", self.trajectory.num_forks)
 
     @property
     def trainable(self) -> bool:

@@ -156,11 +156,14 @@ def build_app(
     model_names: Sequence[str],
     max_body_bytes: int,
     body_timeout_s: float = 60.0,
+    open_health: bool = True,
 ) -> Litestar:
     """The routes over ``sessions`` (token -> session) and ``completer`` (one model call).
 
     ``model_names`` are the names a request may ask for (empty: any); request bodies above
-    ``max_body_bytes``, or slower to arrive than ``body_timeout_s``, are refused.
+    ``max_body_bytes``, or slower to arrive than ``body_timeout_s``, are refused. Every
+    route but the health check needs a live session's token; with ``open_health`` false
+    (a proxy reachable from other machines) the health check needs one too.
     """
     limit = max_body_bytes
     body_timeout = body_timeout_s
@@ -175,11 +178,15 @@ def build_app(
             )
 
     @head("/", status_code=200)
-    async def root_head() -> None:
+    async def root_head(request: Request) -> None:
+        if not open_health:
+            sessions.lookup(_token(request))
         return None
 
     @get(["/", "/health", "/healthz"])
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
+        if not open_health:
+            sessions.lookup(_token(request))
         return _json({"status": "ok", "sessions": len(sessions)})
 
     @get(["/v1/models", "/s/{token:str}/v1/models", "/s/{token:str}/models"])

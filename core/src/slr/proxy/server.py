@@ -12,12 +12,17 @@ Uvicorn's signal handling is switched off: the host process owns SIGINT / SIGTER
 Slow clients are cut off: a request's line and headers must arrive within
 ``header_timeout_s`` of its first byte (uvicorn has no such limit of its own, and its
 keep-alive timer restarts on every byte), its body within ``body_timeout_s`` (``app``).
+Slow readers too: a client that leaves its answer unread for ``write_timeout_s`` while the
+answer fills the connection's write buffer is cut off, and the cut reaches the app as a
+disconnect, so its generation is cancelled like any other gone client's (uvicorn would
+otherwise wait on the buffer to drain for ever, the generation held with it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import socket
 import threading
@@ -41,6 +46,9 @@ from slr.proxy.toolparse import get_tool_parser
 from slr.runs import atomic_write
 
 log = structlog.get_logger()
+
+#: The send buffer of each connection (see ``Proxy.start``).
+SEND_BUFFER_BYTES = 64 * 1024
 
 #: A closed session's transcript, ``<trials folder>/<trial_id>/proxy.json``.
 TRANSCRIPT = "proxy.json"
@@ -95,19 +103,45 @@ _REQUEST_TIMEOUT = (
 
 
 class _HeaderTimeoutProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, plus a deadline for each request's line and headers.
+    """uvicorn's HTTP/1.1 protocol, plus a deadline for each request's line and headers, and
+    one for a paused write.
 
-    The clock starts when a connection opens and when the first byte of a next request
-    arrives; a request whose headers are not complete by then gets a bare 408 and the
-    connection is closed. Nothing is handed to the app, so no session ever sees it.
+    The header clock starts when a connection opens and when the first byte of a next
+    request arrives; a request whose headers are not complete by then gets a bare 408 and
+    the connection is closed. Nothing is handed to the app, so no session ever sees it.
+
+    The write clock runs while the transport has paused writing (its buffer above the high
+    water mark: the client is not reading). If the client has not read enough to resume it
+    by ``write_timeout``, the connection is aborted; uvicorn then tells the app the client
+    disconnected.
     """
 
     header_timeout: float = 10.0
+    write_timeout: float = 30.0
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
         self._arm()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.write_timeout, self._reader_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _reader_stalled(self) -> None:
+        self._write_timer = None
+        if self.transport.is_closing():
+            return
+        log.info("proxy.slow_reader_cut_off", write_timeout_s=self.write_timeout)
+        self.transport.abort()  # buffered bytes dropped; connection_lost follows
 
     def data_received(self, data: bytes) -> None:
         if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
@@ -118,6 +152,9 @@ class _HeaderTimeoutProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
         super().connection_lost(exc)
 
     def _arm(self) -> None:
@@ -138,8 +175,22 @@ class _HeaderTimeoutProtocol(H11Protocol):
         self.transport.close()
 
 
-def _protocol(header_timeout: float) -> type[H11Protocol]:
-    return type("ProxyHttpProtocol", (_HeaderTimeoutProtocol,), {"header_timeout": header_timeout})
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def _protocol(header_timeout: float, write_timeout: float) -> type[H11Protocol]:
+    return type(
+        "ProxyHttpProtocol",
+        (_HeaderTimeoutProtocol,),
+        {"header_timeout": header_timeout, "write_timeout": write_timeout},
+    )
 
 
 class _Server(uvicorn.Server):
@@ -190,6 +241,7 @@ class Proxy:
             model_names=self.model_names,
             max_body_bytes=self.config.max_body_bytes,
             body_timeout_s=self.config.body_timeout_s,
+            open_health=is_loopback(self.config.host),
         )
         self.host = self.config.host
         self.port: int | None = None
@@ -212,6 +264,10 @@ class Proxy:
         # Accepted sockets inherit this: without it a response written in two parts (head,
         # body) waits ~40 ms for the client's delayed ACK (Nagle), on every call.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A fixed send buffer (the kernel doubles it) instead of one autotuned up to MBs: an
+        # answer streams at tokens per second, and a client that stops reading then pins
+        # little memory and meets the write timeout after ~200 KB, not after megabytes.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         sock.bind((self.host, self.config.port))
         self.port = sock.getsockname()[1]
         # log_config=None: uvicorn's records go to the root logger, hence through slr.log,
@@ -223,7 +279,7 @@ class Proxy:
             access_log=False,
             lifespan="off",
             timeout_keep_alive=30,
-            http=_protocol(self.config.header_timeout_s),
+            http=_protocol(self.config.header_timeout_s, self.config.write_timeout_s),
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))

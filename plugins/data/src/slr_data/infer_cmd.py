@@ -9,6 +9,7 @@ import click
 
 from slr.errors import UsageError
 from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
+from slr_cli.preflight_cmd import gate, skip_preflight_option
 
 __all__ = ["infer"]
 
@@ -51,6 +52,7 @@ __all__ = ["infer"]
     help="Finish an interrupted inference (its run folder), then export.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+@skip_preflight_option
 def infer(
     config_path,
     agent,
@@ -66,6 +68,7 @@ def infer(
     name,
     resume,
     as_json,
+    skip_preflight,
     **harbor,
 ) -> None:
     """Run an agent with a model over tasks, without training; export predictions and SFT data.
@@ -85,6 +88,9 @@ def infer(
       sft.jsonl           with --sft: {messages, tools, task_id, trial_id, reward} per
                           trial whose reward >= --threshold
       infer.json          what was written
+
+    The preflight (`slr preflight --for eval`) runs first, as for `slr eval`: a fatal
+    check stops the command before an engine or a sandbox starts.
     """
     from slr_data.infer import Inference, export, output_paths
 
@@ -114,6 +120,7 @@ def infer(
                 f"--sft exports the conversations of an agent with the policy, but agent "
                 f"{cfg.agent.name!r} calls no model; pick one that does (--agent ...)"
             )
+        gate(cfg, purpose="eval", skip=skip_preflight)
         inference = Inference(cfg, samples=samples, output=output, name=name, threshold=threshold)
     summary = inference.main()
     exported = export(inference, sft=sft, model_name=model_name)

@@ -17,8 +17,9 @@ def register_engines(register):
 
 @slr.hookimpl
 def register_preflight_checks(register):
-    from slr_engine_hf.preflight import check_model
+    from slr_engine_hf.preflight import check_device, check_model
 
+    register("hf-device", check_device, stage="machine")
     register("hf-model", check_model, stage="data")
 
 

@@ -64,3 +64,17 @@ def check_model(ctx: Context) -> list[CheckResult] | None:
         )
     results.append(context_length(ctx, context))
     return results
+
+
+def check_device(ctx: Context) -> CheckResult | None:
+    """A CUDA device must be here, with memory free (fatal on a CPU-only machine)."""
+    if not ctx.uses("engine", "hf") or not ctx.needs_engine():
+        return None
+    device = ctx.options("engine").device
+    if not device.startswith("cuda") or ctx.config.run.engine_replicas >= 1:
+        return None  # replicas are Ray actors: the gpu / ray-topology checks place them
+    from slr.preflight.gpus import gpu_headroom
+
+    return gpu_headroom(
+        f"engine.device = {device!r}", 1, fix='set engine.device = "cpu" (the default)'
+    )

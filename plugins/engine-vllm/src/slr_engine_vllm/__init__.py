@@ -14,3 +14,11 @@ __all__ = ["VllmEngineConfig"]
 @slr.hookimpl
 def register_engines(register):
     register("vllm", "slr_engine_vllm.engine:create_engine", config_cls=VllmEngineConfig)
+
+
+@slr.hookimpl
+def register_preflight_checks(register):
+    from slr_engine_vllm.preflight import check_config, check_servers
+
+    register("vllm-config", check_config, stage="config")
+    register("vllm-servers", check_servers, stage="machine")

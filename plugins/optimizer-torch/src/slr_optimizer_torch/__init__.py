@@ -11,3 +11,11 @@ def register_optimizers(register):
     register(
         "torch", "slr_optimizer_torch.optimizer:TorchOptimizer", config_cls=TorchOptimizerConfig
     )
+
+
+@hookimpl
+def register_preflight_checks(register):
+    from slr_optimizer_torch.preflight import check_device, check_model
+
+    register("torch-model", check_model, stage="config")
+    register("torch-device", check_device, stage="machine")

@@ -307,15 +307,26 @@ def compute_advantages(
     return advantages, returns
 
 
-def mini_batches(n_trials: int, parts: int, generator: torch.Generator | None) -> list[list[int]]:
-    """Split trial indices into ``parts`` mini-batches (shuffled with ``generator`` if given)."""
-    order = (
-        torch.randperm(n_trials, generator=generator).tolist()
-        if generator is not None
-        else list(range(n_trials))
-    )
-    parts = max(1, min(parts, n_trials))
-    return [chunk.tolist() for chunk in torch.tensor(order, dtype=torch.long).chunk(parts)]
+def mini_batches(
+    group_ids: Sequence[str], size: int, generator: torch.Generator | None
+) -> list[list[int]]:
+    """Trial indices in mini-batches of ``size`` whole groups (0: one mini-batch of all).
+
+    ``size`` is verl's ``ppo_mini_batch_size``: prompts, i.e. groups, per mini-batch, so a
+    group's trials always share an update. Groups keep their first-seen order, shuffled with
+    ``generator`` if given; the last mini-batch may hold fewer groups.
+    """
+    groups: dict[str, list[int]] = {}
+    for index, group in enumerate(group_ids):
+        groups.setdefault(group, []).append(index)
+    members = list(groups.values())
+    if generator is not None:
+        members = [members[i] for i in torch.randperm(len(members), generator=generator).tolist()]
+    size = size or len(members) or 1
+    return [
+        [index for group in members[k : k + size] for index in group]
+        for k in range(0, len(members), size)
+    ]
 
 
 def micro_batches(

@@ -41,6 +41,9 @@ def trial_metrics(trials: Sequence[TrialResult], *, pass_threshold: float) -> di
     out.update(_summary("response_length", lengths))
     segments = [float(len(t.trajectory.segments)) for t in scored if t.trajectory is not None]
     out.update(_summary("segments_per_trial", segments))
+    # Context management: compactions (rewrite branches) and sub-agents (fork branches).
+    out.update(_summary("compactions_per_trial", [float(t.compactions) for t in scored]))
+    out.update(_summary("subagents_per_trial", [float(t.subagents) for t in scored]))
     # Which policy versions produced the batch: max - min > 0 means off-policy trials.
     versions = [float(t.weights_version) for t in scored if t.weights_version is not None]
     if versions:

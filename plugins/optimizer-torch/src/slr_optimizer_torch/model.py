@@ -16,6 +16,9 @@ import structlog
 import torch
 from torch import nn
 
+from slr_optimizer_torch import packing
+from slr_optimizer_torch.packing import Packed
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -136,20 +139,41 @@ class Scorer:
         entropy: bool = True,
         entropy_grad: bool = False,
         value_head: nn.Module | None = None,
+        packed: Packed | None = None,
     ) -> Scores:
+        """Scores of the rows ``input_ids`` (right-padded, ``attention_mask``).
+
+        With ``packed`` (the same rows as a prefix tree, ``packing.pack``), the forward runs
+        on the tree and each row's positions are gathered from it; the outputs are the same.
+        """
         select = response_mask > 0
         targets = input_ids[:, 1:][select]
+        if packed is None:
+            inputs: dict[str, torch.Tensor] = {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+            }
+
+            def pick(out: torch.Tensor) -> torch.Tensor:
+                return out[:, :-1][select]
+        else:
+            param = next(self.model.parameters())
+            inputs = packed.model_inputs(
+                param.device, param.dtype, boolean=self._attention() == "sdpa"
+            )
+            where = packed.index[:, :-1].to(param.device)[select]
+
+            def pick(out: torch.Tensor) -> torch.Tensor:
+                return out[0, where]
+
         if self.selective or value_head is not None:
-            hidden = self.model.get_decoder()(
-                input_ids=input_ids, attention_mask=attention_mask
-            ).last_hidden_state[:, :-1][select]
+            hidden = pick(self.model.get_decoder()(**inputs).last_hidden_state)
         if self.selective:
             head = self.model.get_output_embeddings()
             assert head is not None  # selective: _head_is_separable found it
             logits = head(hidden)
         else:
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-            logits = logits[:, :-1][select]
+            logits = pick(self.model(**inputs).logits)
         logits = logits.float() / self.temperature
         from verl.utils import torch_functional as verl_F
 
@@ -165,6 +189,49 @@ class Scorer:
         if value_head is not None:
             out.values = _scatter(value_head(hidden.float()).squeeze(-1), select)
         return out
+
+    def _attention(self) -> str | None:
+        return getattr(getattr(self.model, "config", None), "_attn_implementation", None)
+
+    def tree_packing_problem(self) -> str | None:
+        """Why packed scoring would not be exact for this model (None: it is).
+
+        The configuration is checked first (``packing.unsupported``); then two rows that
+        share a prefix are scored as copies and as a tree, and must agree to rounding.
+        """
+        reason = packing.unsupported(self.model)
+        if reason is not None:
+            return reason
+        head = self.model.get_output_embeddings()
+        vocab = int(head.weight.shape[0]) if head is not None else 2
+        rows = [
+            [(i * 7919) % vocab for i in range(1, 13)],
+            [(i * 104729) % vocab for i in range(1, 9)],
+        ]
+        rows[1][:5] = rows[0][:5]  # a shared prefix of five tokens, then a branch
+        width = max(len(r) for r in rows)
+        ids = torch.zeros((2, width), dtype=torch.long)
+        mask = torch.zeros((2, width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r)] = 1
+        response = mask[:, 1:].float()
+        lengths = mask.sum(-1)
+        device = self.device
+        with torch.no_grad():
+            copies = self(ids.to(device), mask.to(device), response.to(device), entropy=False)
+            tree = self(
+                ids.to(device),
+                mask.to(device),
+                response.to(device),
+                entropy=False,
+                packed=packing.pack([0, 1], ids, lengths),
+            )
+        tol = 1e-4 if next(self.model.parameters()).dtype == torch.float32 else 5e-2
+        gap = float((copies.logprobs - tree.logprobs).abs().max())
+        if not gap <= tol:
+            return f"packed log-probs differ from per-row ones by {gap:.2e} on a probe"
+        return None
 
 
 def _scatter(values: torch.Tensor, select: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,10 @@ One ``step(trials)``:
 4. for each epoch and mini-batch: micro-batches by token budget, verl's policy loss (plus
    verl's entropy, KL and value terms), gradients accumulated, clipped, one AdamW step.
 
+Every forward pass (steps 2 and 4) runs a micro-batch as one prefix tree when
+``options.pack == "tree"`` (``packing.py``): rows that share a token prefix compute it once,
+and the scores land in the per-row layout, so nothing after the forward changes.
+
 Off-policy correction (``[algorithm.rollout_correction]``, ``correction.py``) wraps step 4
 the way verl's trainer does: in decoupled mode verl's IS weights and rejection mask, from
 the pre-pass log-probs vs the rollout's, enter the policy loss (the pre-pass is then always
@@ -43,13 +47,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import structlog
 import torch
 from torch import nn
 
 from slr.config import AlgorithmSection, Config
 from slr.contracts import TrialResult
 from slr_optimizer_torch import batch as batching
-from slr_optimizer_torch import checkpoint
+from slr_optimizer_torch import checkpoint, packing
 from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.correction import offpolicy_metrics, resolve
 from slr_optimizer_torch.metrics import (
@@ -71,6 +76,8 @@ from slr_optimizer_torch.verl_config import actor_config, algo_config, check_nam
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+log = structlog.get_logger()
 
 
 class TorchOptimizer:
@@ -108,7 +115,10 @@ class TorchOptimizer:
             self.value_head = ValueHead(hidden_size(self.model)).to(self.device)
 
         self.ref_scorer: Scorer | None = None
-        if algorithm.kl_coef > 0:
+        probed = [self.scorer]
+        if algorithm.use_kl_loss:
+            # a reference model that is not a copy of the policy is probed on its own
+            own_ref = ref_model is not None or bool(options.ref_model)
             if ref_model is None:
                 ref_model = (
                     load_causal_lm(options.ref_model, dtype=dtype, device=self.device)
@@ -118,6 +128,9 @@ class TorchOptimizer:
             ref_model.to(self.device)  # pyright: ignore[reportArgumentType]  # as self.model
             ref_model = ref_model.eval().requires_grad_(False)
             self.ref_scorer = Scorer(ref_model, temperature=self.temperature)
+            if own_ref:
+                probed.append(self.ref_scorer)
+        self.pack = options.pack == "tree" and self._tree_packs_exactly(probed)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.value_head is not None:
@@ -131,7 +144,7 @@ class TorchOptimizer:
             weight_decay=options.weight_decay,
         )
         self.actor_cfg = actor_config(algorithm, options, self.correction)
-        self.algo_cfg = algo_config(algorithm, options)
+        self.algo_cfg = algo_config(algorithm)
         # verl annotates the registered losses as positional; they are called by keyword.
         self.policy_loss_fn: Callable[..., Any] = core_algos.get_policy_loss_fn(
             self.actor_cfg.policy_loss.loss_mode
@@ -139,6 +152,16 @@ class TorchOptimizer:
         self.generator = torch.Generator().manual_seed(options.seed)
         self.steps = 0  # step() calls
         self.updates = 0  # parameter updates applied
+
+    @staticmethod
+    def _tree_packs_exactly(scorers: Sequence[Scorer]) -> bool:
+        """Whether every model the step runs passes the tree-packing probe (logged if not)."""
+        for scorer in scorers:
+            problem = scorer.tree_packing_problem()
+            if problem is not None:
+                log.warning("optimizer.pack.fallback", pack="none", reason=problem)
+                return False
+        return True
 
     @classmethod
     def from_config(
@@ -175,6 +198,12 @@ class TorchOptimizer:
         metrics: dict[str, float] = trial_metrics(batch, pass_threshold=opts.pass_threshold)
         tb = batching.assemble(batch, drop_zero_variance_groups=opts.drop_zero_variance_groups)
         metrics.update({k: float(v) for k, v in tb.stats.items()})
+        # What one forward pass over the batch must compute at least (its prefix tree), and
+        # whether this trainer packs it so (update/tokens: what the update computed).
+        metrics["batch/unique_tokens"] = float(
+            packing.unique_tokens(range(tb.num_sequences), tb.input_ids, tb.lengths)
+        )
+        metrics["pack/tree"] = float(self.pack)
         # The weights being updated are version `steps` (the loop: after step N, version N).
         metrics.update(
             version_metrics(tb.weights_versions, tb.response_mask, tb.seq_trial, current=self.steps)
@@ -192,14 +221,11 @@ class TorchOptimizer:
         corr = self.correction
         decoupled = corr is not None and corr.decoupled
         bypass = corr is not None and corr.bypass
+        # More than one update per epoch (ppo_mini_batch_size smaller than the groups)?
+        several = 0 < opts.ppo_mini_batch_size < len(set(tb.group_ids))
         # Decoupled correction weighs the whole batch by pi_old before any update: verl
         # computes pi_old in its own pass, and so does this trainer then.
-        fused = (
-            opts.ppo_epochs == 1
-            and opts.ppo_mini_batches == 1
-            and self.value_head is None
-            and not decoupled
-        )
+        fused = opts.ppo_epochs == 1 and not several and self.value_head is None and not decoupled
         t0 = time.perf_counter()
         pre: Scores | None = None
         if not fused:
@@ -249,8 +275,8 @@ class TorchOptimizer:
         fused_logprobs = torch.zeros_like(tb.response_mask) if fused else None
         t0 = time.perf_counter()
         for _ in range(opts.ppo_epochs):
-            shuffle = self.generator if opts.ppo_mini_batches > 1 else None
-            for trials in batching.mini_batches(len(tb.trials), opts.ppo_mini_batches, shuffle):
+            shuffle = self.generator if several else None
+            for trials in batching.mini_batches(tb.group_ids, opts.ppo_mini_batch_size, shuffle):
                 members = set(trials)
                 rows = [r for r in range(tb.num_sequences) if int(tb.seq_trial[r]) in members]
                 # (rows whose every token correction rejected have nothing to normalise by)
@@ -284,13 +310,34 @@ class TorchOptimizer:
         metrics["perf/step_tokens_per_s"] = tb.stats["batch/tokens"] * opts.ppo_epochs / step_s
         return metrics
 
-    def _micro(self, tb: batching.TrainBatch, rows: Sequence[int]) -> list[list[int]]:
-        return batching.micro_batches(
+    def _micro(
+        self, tb: batching.TrainBatch, rows: Sequence[int]
+    ) -> list[tuple[list[int], packing.Packed | None]]:
+        """Micro-batches of ``rows``, each with its prefix tree when packing."""
+        opts = self.options
+        if not self.pack:
+            return [
+                (micro, None)
+                for micro in batching.micro_batches(
+                    rows,
+                    tb.lengths,
+                    max_tokens=opts.micro_batch_tokens,
+                    max_size=opts.micro_batch_size,
+                )
+            ]
+        micros = packing.plan(
             rows,
+            tb.input_ids,
             tb.lengths,
-            max_tokens=self.options.micro_batch_tokens,
-            max_size=self.options.micro_batch_size,
+            max_tokens=opts.micro_batch_tokens,
+            max_size=opts.micro_batch_size,
         )
+        return [(micro, packing.pack(micro, tb.input_ids, tb.lengths)) for micro in micros]
+
+    @staticmethod
+    def _computed(tb: batching.TrainBatch, micro: list[int], packed: packing.Packed | None) -> int:
+        """Tokens the forward over ``micro`` computes (padding aside)."""
+        return packed.tokens if packed is not None else int(tb.lengths[micro].sum())
 
     def _slice(self, tensor: torch.Tensor, micro: Sequence[int], width: int) -> torch.Tensor:
         return tensor[micro, :width].to(self.device, non_blocking=True)
@@ -307,7 +354,7 @@ class TorchOptimizer:
         assert scorer is not None
         logprobs = torch.zeros_like(tb.response_mask)
         values = torch.zeros_like(tb.response_mask) if value_head is not None else None
-        for micro in self._micro(tb, range(tb.num_sequences)):
+        for micro, packed in self._micro(tb, range(tb.num_sequences)):
             length = int(tb.lengths[micro].max())
             s = scorer(
                 self._slice(tb.input_ids, micro, length),
@@ -315,6 +362,7 @@ class TorchOptimizer:
                 self._slice(tb.response_mask, micro, length - 1),
                 entropy=entropy,
                 value_head=value_head,
+                packed=packed,
             )
             logprobs[micro, : length - 1] = s.logprobs.float().cpu()
             if values is not None and s.values is not None:
@@ -351,13 +399,13 @@ class TorchOptimizer:
             "dp_size": 1,
             "batch_num_tokens": int(resp.sum().item()),
             "global_batch_size": int((resp.sum(dim=-1) > 0).sum().item()),
-            "loss_scale_factor": opts.loss_scale_factor or widest,
+            "loss_scale_factor": algo.loss_scale_factor or widest,
         }
         self.actor_cfg.global_batch_info.clear()
         self.actor_cfg.global_batch_info.update(info)
         self.optim.zero_grad(set_to_none=True)
         assert tb.advantages is not None  # computed by step() before the update
-        for micro in self._micro(tb, rows):
+        for micro, packed in self._micro(tb, rows):
             length = int(tb.lengths[micro].max())
             width = length - 1
             policy = self._slice(tb.response_mask, micro, width)
@@ -367,8 +415,9 @@ class TorchOptimizer:
                 self._slice(tb.attention_mask, micro, length),
                 policy,
                 entropy=True,
-                entropy_grad=algo.entropy_coef > 0,
+                entropy_grad=algo.entropy_coeff > 0,
                 value_head=self.value_head,
+                packed=packed,
             )
             logprobs = scores.logprobs
             if fused_logprobs is not None:
@@ -394,8 +443,8 @@ class TorchOptimizer:
             entropy_loss = agg_loss(
                 loss_mat=scores.entropy, loss_mask=mask, loss_agg_mode=mode, **info
             )
-            if algo.entropy_coef > 0:
-                loss = loss - algo.entropy_coef * entropy_loss
+            if algo.entropy_coeff > 0:
+                loss = loss - algo.entropy_coeff * entropy_loss
             if n_tokens:
                 acc.add_weighted(
                     {"actor/entropy": float(scores.entropy[mask].detach().mean())}, n_tokens
@@ -405,10 +454,10 @@ class TorchOptimizer:
                 kld = kl_penalty(
                     logprob=logprobs,  # pyright: ignore[reportArgumentType]
                     ref_logprob=self._slice(ref_logprobs, micro, width),  # pyright: ignore[reportArgumentType]
-                    kl_penalty=opts.kl_loss_type,
+                    kl_penalty=algo.kl_loss_type,
                 )
                 kl_loss = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=mode, **info)
-                loss = loss + algo.kl_coef * kl_loss
+                loss = loss + algo.kl_loss_coef * kl_loss
                 if n_tokens:
                     acc.add_weighted({"actor/kl_ref": float(kld[mask].detach().mean())}, n_tokens)
             if self.value_head is not None:
@@ -427,10 +476,10 @@ class TorchOptimizer:
                 acc.add_sum("critic/vf_loss", float(vf_loss.detach()))
                 acc.add_weighted({"critic/vf_clipfrac": float(vf_clipfrac)}, n_tokens)
             loss.backward()
-            acc.tokens += int(tb.lengths[micro].sum())
+            acc.tokens += self._computed(tb, micro, packed)
             acc.micro_batches += 1
 
-        limit = opts.grad_clip if opts.grad_clip > 0 else math.inf
+        limit = opts.clip_grad if opts.clip_grad > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, limit))
         acc.updates += 1
         if math.isfinite(grad_norm):

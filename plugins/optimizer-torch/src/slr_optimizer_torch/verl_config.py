@@ -34,23 +34,23 @@ def actor_config(
         clip_ratio_high=algorithm.clip_ratio_high,
         policy_loss=policy_loss_config(correction, algorithm.policy_loss),
         loss_agg_mode=algorithm.loss_agg_mode,
-        entropy_coeff=algorithm.entropy_coef,
-        use_kl_loss=algorithm.kl_coef > 0,
-        kl_loss_coef=algorithm.kl_coef,
-        kl_loss_type=options.kl_loss_type,
+        entropy_coeff=algorithm.entropy_coeff,
+        use_kl_loss=algorithm.use_kl_loss,
+        kl_loss_coef=algorithm.kl_loss_coef,
+        kl_loss_type=algorithm.kl_loss_type,
         ppo_epochs=options.ppo_epochs,
-        loss_scale_factor=options.loss_scale_factor or None,
+        loss_scale_factor=algorithm.loss_scale_factor,
     )
 
 
-def algo_config(algorithm: AlgorithmSection, options: TorchOptimizerConfig) -> Any:
+def algo_config(algorithm: AlgorithmSection) -> Any:
     from verl.trainer.config import AlgoConfig
 
     return AlgoConfig(
         adv_estimator=algorithm.adv_estimator,
-        gamma=options.gamma,
-        lam=options.lam,
-        norm_adv_by_std_in_grpo=options.norm_adv_by_std_in_grpo,
+        gamma=algorithm.gamma,
+        lam=algorithm.lam,
+        norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
     )
 
 

@@ -18,6 +18,9 @@ class DockerBackendConfig:
         47110, doc="Port on the sandbox's loopback where the agent reaches the proxy."
     )
     pids_limit: int = option(4096, doc="Most processes one sandbox may hold (fork-bomb guard).")
+    open_files: int = option(
+        4096, doc="Most files one process of a sandbox may hold open (its nofile ulimit)."
+    )
     socket_dir: str | None = option(
         None,
         doc="Host folder for the per-trial proxy sockets (must be visible to the daemon); "
@@ -32,9 +35,10 @@ def register_sandbox_backends(register):
 
 @slr.hookimpl
 def register_preflight_checks(register):
-    from slr_backend_docker.preflight import check_daemon
+    from slr_backend_docker.preflight import check_daemon, check_images
 
     register("docker-daemon", check_daemon, stage="machine")
+    register("docker-images", check_images, stage="data")
 
 
 @slr.hookimpl

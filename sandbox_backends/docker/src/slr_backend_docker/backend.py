@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import os
-import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,34 +27,13 @@ from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, SANDBOX, TASK, trial_la
 from slr_backend_docker import DockerBackendConfig
 from slr_backend_docker.client import connect
 from slr_backend_docker.sandbox import DockerSandbox
+from slr_backend_docker.tags import image_tag
 
 log = structlog.get_logger()
 
 # An image's label (not a sandbox's): the environment content hash it was built from.
 LABEL_HASH = "slr.content_hash"
 LINK_MOUNT = "/run/slr"
-
-
-# One path component of an image reference, as the daemon parses it: lowercase letters and
-# digits, joined by a single "." or "_", a double "__", or a run of "-". Nothing else ("-_",
-# "..", a leading or trailing separator) is accepted.
-_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
-_SLUG_MAX = 100  # a repository name may be 255 characters; the prefix and the hash need room
-
-
-def _repo_name(prefix: str, task_id: str) -> str:
-    """The image repository for a task: ``<prefix>-<task id>``, valid for any task id.
-
-    An id that is already a valid component (``django__django-11099``) is kept as it is; any
-    other is reduced to letters, digits and ``-`` and gets a short hash of the original, so
-    two ids that differ only in the characters dropped still name different images.
-    """
-    slug = task_id.lower()
-    if _COMPONENT.fullmatch(slug) and len(slug) <= _SLUG_MAX:
-        return f"{prefix}-{slug}"
-    digest = hashlib.sha256(task_id.encode()).hexdigest()[:10]
-    slug = re.sub(r"[^a-z0-9]+", "-", slug)[:_SLUG_MAX].strip("-")
-    return f"{prefix}-{slug}-{digest}" if slug else f"{prefix}-{digest}"
 
 
 # The SDK blocks, and a sandbox can hold several threads at the same moment: a command's
@@ -112,10 +89,7 @@ class DockerBackend:
     # -- images --------------------------------------------------------------------------
 
     def image_tag(self, task: Any) -> str:
-        env = task.environment
-        if env.docker_image:
-            return env.docker_image
-        return f"{_repo_name(self.config.image_prefix, task.id)}:{env.content_hash[:16]}"
+        return image_tag(self.config.image_prefix, task)
 
     async def prepare(self, task: Any) -> None:
         """Build the task's image unless an image with its content hash exists."""
@@ -277,6 +251,7 @@ class DockerBackend:
                 mem_limit=f"{env.memory_mb}m",
                 memswap_limit=f"{env.memory_mb}m",
                 pids_limit=self.config.pids_limit,
+                ulimits=self._ulimits(env),
                 volumes=volumes,
                 hostname="sandbox",
                 detach=True,
@@ -285,6 +260,17 @@ class DockerBackend:
             raise SandboxError(f"image for task {task.id} vanished: {exc}") from exc
         except docker.errors.DockerException as exc:
             raise SandboxError(f"could not create a container for {task.id}: {exc}") from exc
+
+    def _ulimits(self, env) -> list:
+        """Open files, and the size of one file (the task's storage_mb: docker's overlay
+        cannot bound the whole disk without xfs quotas, but one runaway file it can)."""
+        from docker.types import Ulimit
+
+        nofile, fsize = self.config.open_files, env.storage_mb * 1024 * 1024
+        return [
+            Ulimit(name="nofile", soft=nofile, hard=nofile),
+            Ulimit(name="fsize", soft=fsize, hard=fsize),
+        ]
 
     def _start_and_wait_ready(self, container) -> None:
         import docker.errors

@@ -175,6 +175,8 @@ class K8sBackend:
             node=pod.spec.node_name or "",
             proxy_host=None if self.loopback else self._proxy_host(pod.status.pod_ip),
             link=link,
+            open_files=self.config.open_files,
+            file_size_mb=task.environment.storage_mb,
         )
         with self._live_lock:
             self._live[name] = sandbox

@@ -57,6 +57,11 @@ class K8sBackendConfig:
         True, doc="Put the task's storage_mb on the pod as an ephemeral-storage limit."
     )
     # -- timing and concurrency ----------------------------------------------------------
+    open_files: int = option(
+        4096,
+        doc="Most files one process of a sandbox may hold open (an rlimit set on every exec; "
+        "the task's storage_mb bounds one file's size the same way).",
+    )
     pod_start_timeout_s: float = option(
         180.0,
         doc="Most seconds from pod creation to its container running (scheduling, image "

@@ -37,7 +37,11 @@ STDIN_CHUNK = 256 * 1024
 WRAPPER = r"""
 export SLR_EXEC_ID="$1"
 if [ -n "$2" ]; then cd "$2" || exit 126; fi
-u=$3; n=$4; shift 4
+# rlimits (a pod spec has none): open files; one file's size in POSIX 512-byte blocks. Root
+# in a pod lacks CAP_SYS_RESOURCE, so what is set here cannot be raised again.
+if [ -n "$5" ]; then ulimit -n "$5" 2>/dev/null; fi
+if [ -n "$6" ]; then ulimit -f "$6" 2>/dev/null; fi
+u=$3; n=$4; shift 6
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n - 1)); done
 if [ -z "$u" ] || [ "$u" = "$(id -un 2>/dev/null)" ] || [ "$u" = "$(id -u 2>/dev/null)" ]; then
   exec "$@"
@@ -85,8 +89,11 @@ def wrap(
     cwd: str | None = None,
     user: str | None = None,
     env: Mapping[str, str] | None = None,
+    open_files: int | None = None,
+    file_size_mb: int | None = None,
 ) -> list[str]:
-    """The argv that runs ``argv`` with a marker, directory, environment and user."""
+    """The argv that runs ``argv`` with a marker, directory, environment, user and rlimits
+    (``open_files``, ``file_size_mb``; None: left as the pod has them)."""
     words = []
     for name, value in (env or {}).items():
         if not _ENV_NAME.match(name):
@@ -101,6 +108,8 @@ def wrap(
         cwd or "",
         user or "",
         str(len(words)),
+        "" if open_files is None else str(open_files),
+        "" if file_size_mb is None else str(file_size_mb * 2048),
         *words,
         *argv,
     ]

@@ -61,6 +61,8 @@ class K8sSandbox:
         node: str,
         proxy_host: str | None,
         link: ProxyLink | None = None,
+        open_files: int | None = None,
+        file_size_mb: int | None = None,
     ) -> None:
         self._access = access
         self._api = access.api
@@ -74,6 +76,9 @@ class K8sSandbox:
         self.network: NetworkMode = "proxy-only"
         self.forwarder: Forwarder | None = None
         self.link = link
+        # every command's rlimits (the pod spec has no such field): see execstream.WRAPPER
+        self.open_files = open_files
+        self.file_size_mb = file_size_mb
         self._stopped = False
         self._lock = threading.Lock()
 
@@ -105,7 +110,15 @@ class K8sSandbox:
     ) -> ExecResult:
         self._check_not_stopped()
         marker = uuid.uuid4().hex
-        wrapped = execstream.wrap(argv, marker=marker, cwd=cwd, user=user, env=env)
+        wrapped = execstream.wrap(
+            argv,
+            marker=marker,
+            cwd=cwd,
+            user=user,
+            env=env,
+            open_files=self.open_files,
+            file_size_mb=self.file_size_mb,
+        )
         started = time.monotonic()
         deadline = started + timeout_s if timeout_s is not None else None
         cancel = threading.Event()

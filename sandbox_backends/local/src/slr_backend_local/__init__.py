@@ -34,6 +34,15 @@ class LocalBackendConfig:
         "and a task's absolute paths (/app, /tests, /logs) are this machine's own. For "
         "debugging trusted tasks only.",
     )
+    limits: Literal["auto", "rlimits", "off"] = option(
+        "auto",
+        doc="Resource limits of each sandbox (under bubblewrap): 'auto' (control groups for "
+        "processes and memory where this machine lets slr make them, rlimits for the rest), "
+        "'rlimits' (rlimits only), or 'off'. Memory and file size come from the task's "
+        "[environment] memory_mb and storage_mb; see docs/sandboxes.md.",
+    )
+    pids_limit: int = option(4096, doc="Most processes one sandbox may hold (fork-bomb guard).")
+    open_files: int = option(4096, doc="Most files one process of a sandbox may hold open.")
     python: str = option(
         "/usr/bin/python3",
         doc="Host python3 (under /usr, so it is visible in the sandbox) that runs the relay.",

@@ -24,6 +24,7 @@ from slr.sandboxing.cpu import SandboxCgroup, remove_stale_cgroups
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local import dockerfile as df
 from slr_backend_local.isolation import bwrap_argv, bwrap_path, make_root
+from slr_backend_local.limits import Limits, SandboxLimits, remove_stale_groups
 from slr_backend_local.sandbox import LocalSandbox, kill_workspace_processes
 
 log = structlog.get_logger()
@@ -185,7 +186,7 @@ class LocalBackend:
         (ws / OWNER_FILE).write_text(
             json.dumps({"pid": os.getpid(), "trial_id": trial_id, "labels": dict(labels)})
         )
-        link = cgroup = None
+        link = cgroup = limits = None
         # the copy is this sandbox's start cost, paid on a host thread: charged to it
         copy = asyncio.ensure_future(asyncio.to_thread(_timed_copy, env_dir / "fs", ws / "fs"))
         try:
@@ -194,6 +195,7 @@ class LocalBackend:
                 link = ProxyLink()
                 link.start()
             cgroup = SandboxCgroup.create(f"{os.getpid()}-{ws.name}")
+            limits = self._limits(task, f"{os.getpid()}-{ws.name}")
         except BaseException:
             # A cancel cannot stop the copy's thread: wait for it, or it would write into a
             # workspace removed under it (no owner file left, so no cleanup would ever find it).
@@ -202,6 +204,8 @@ class LocalBackend:
                 link.remove()
             if cgroup is not None:
                 cgroup.remove()
+            if limits is not None:
+                limits.remove()
             shutil.rmtree(ws, ignore_errors=True)
             raise
         return LocalSandbox(
@@ -214,13 +218,28 @@ class LocalBackend:
             link=link,
             mounts=dict(mounts or {}),
             cgroup=cgroup,
+            limits=limits,
             start_cpu_s=copy_cpu_s,
         )
+
+    def _limits(self, task: Any, name: str) -> SandboxLimits | None:
+        """The sandbox's resource limits (``limits.py``); none without bubblewrap."""
+        if not self.isolated or self.config.limits == "off":
+            return None
+        env = task.environment
+        wanted = Limits(
+            pids=self.config.pids_limit,
+            memory_mb=env.memory_mb,
+            file_size_mb=env.storage_mb,
+            open_files=self.config.open_files,
+        )
+        return SandboxLimits.create(name, wanted, cgroups=self.config.limits == "auto")
 
     async def cleanup_orphans(self) -> int:
         """Remove workspaces and proxy link folders of dead processes; returns how many."""
         removed = remove_stale_links()
         remove_stale_cgroups(_owner_alive)
+        remove_stale_groups(_owner_alive)
         if not self.workspace_dir.is_dir():
             return 0
         for ws in self.workspace_dir.iterdir():

@@ -3,7 +3,8 @@
 The sandbox's root is the trial's workspace folder (writable, private). The host's ``/usr``
 (and the merged-usr links ``/bin``, ``/lib`` ... to it) is bound read-only, so the sandbox
 runs the host's tools but cannot change them. ``/etc`` is a private copy of the few host
-files programs need (no shadow, no keys). ``/proc``, ``/dev`` are fresh. Each command gets
+files programs need (no shadow, no keys). ``/proc``, ``/dev`` are fresh (``/proc/sys`` and
+``/proc/sysrq-trigger`` read-only), and there is no ``/sys``. Each command gets
 its own pid, ipc and uts namespaces (it cannot see or signal host processes; when it ends,
 everything it started ends) and, unless the phase allows the network, its own network
 namespace with only a loopback: the proxy relay listens there, and nothing else is reachable.
@@ -107,6 +108,11 @@ def bwrap_argv(
         if host.is_dir() and not host.is_symlink():
             a += ["--ro-bind", str(host), str(host)]
     a += ["--dev", "/dev", "--proc", "/proc"]
+    # bubblewrap run by root leaves the new /proc's sysctls writable, and root needs no
+    # capability to write most of them: kernel.core_pattern would run a program of the
+    # sandbox's choosing as the host's root. The host's own entries, read-only, cover them.
+    a += ["--ro-bind", "/proc/sys", "/proc/sys"]
+    a += ["--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
     a += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]
     if not network:
         a += ["--unshare-net"]

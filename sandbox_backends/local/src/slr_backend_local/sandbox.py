@@ -31,6 +31,7 @@ from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr.sandboxing.cpu import SandboxCgroup
 from slr_backend_local.isolation import BASE_ENV, LINK_MOUNT, bwrap_argv
+from slr_backend_local.limits import SandboxLimits
 
 log = structlog.get_logger()
 
@@ -51,6 +52,7 @@ class _Command:
     def __init__(self, proc: asyncio.subprocess.Process, marker: str) -> None:
         self.proc = proc
         self.marker = marker
+        self.ended = False  # killed on purpose (a timeout, a cancel, end_processes, stop)
         try:
             # Opened while the process cannot have been reaped yet (the exec has not waited).
             self.pidfd: int | None = os.pidfd_open(proc.pid)
@@ -99,6 +101,7 @@ class LocalSandbox:
         link: ProxyLink | None,
         mounts: Mapping[Path, str],
         cgroup: SandboxCgroup | None = None,
+        limits: SandboxLimits | None = None,
         start_cpu_s: float = 0.0,
     ) -> None:
         self.bwrap = bwrap
@@ -112,6 +115,7 @@ class LocalSandbox:
         self.link = link
         self.mounts = mounts
         self.cgroup = cgroup
+        self.limits = limits
         self.start_cpu_s = start_cpu_s
         self.network: NetworkMode = "proxy-only"
         self._procs: set[_Command] = set()
@@ -180,6 +184,8 @@ class LocalSandbox:
                 link_dir=self.link.dir if relay and self.link is not None else None,
                 mounts=self.mounts,
             )
+            if self.limits is not None:
+                argv = self.limits.wrap(argv)
             proc_env = dict(BASE_ENV)
             host_cwd = None
         else:
@@ -210,6 +216,14 @@ class LocalSandbox:
         proc = cmd.proc
         self._check()
         code = proc.returncode
+        if self.bwrap is not None and not cmd.ended and code is not None and code < 0:
+            # bwrap reports what happened inside as an exit status; bwrap itself dying by a
+            # signal nobody here sent is the sandbox killed from outside (nothing inside can
+            # reach it): an infrastructure failure, not the command's (nor the policy's)
+            raise SandboxError(
+                f"sandbox {self.id}: its bubblewrap process was killed by signal {-code} "
+                f"from outside the sandbox"
+            )
         return ExecResult(
             # A signal shows as 128 + its number, as in a shell (asyncio gives -signum).
             exit_code=137 if code is None else (128 - code if code < 0 else code),
@@ -258,6 +272,7 @@ class LocalSandbox:
 
     async def _end(self, cmd: _Command) -> None:
         """Kill a command and everything it started, bubblewrap's escaped init included."""
+        cmd.ended = True
         if cmd.proc.returncode is None:  # once reaped, its pid may be another process's
             _kill_tree(cmd.proc.pid)
         await cmd.exited()
@@ -316,6 +331,7 @@ class LocalSandbox:
             return
         self._stopped = True
         for cmd in list(self._procs):
+            cmd.ended = True
             _kill_tree(cmd.proc.pid)
         # A safety net: anything still running on this workspace (a sandbox whose bwrap
         # parent died without taking it along) is found by its root and killed.
@@ -323,6 +339,8 @@ class LocalSandbox:
         if self.link is not None:
             self.link.remove()
         await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+        if self.limits is not None:
+            self.limits.remove()
         if self.cgroup is not None:
             self.cgroup.remove()  # a miss (a process still exiting) goes at the next start
 

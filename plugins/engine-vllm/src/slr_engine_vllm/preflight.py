@@ -1,0 +1,111 @@
+"""The vLLM engine's preflight: its servers answer and serve the model, or the launch has
+what it needs (the ``vllm`` command, one GPU set per replica, GPUs with memory free); and
+the one sampling setting that makes its log-probs differ from the trainer's."""
+
+from __future__ import annotations
+
+import shutil
+
+import httpx
+
+from slr.preflight import CheckResult, Context, fatal, ok, warn
+from slr.preflight.gpus import gpu_headroom
+
+DOC = "docs/troubleshooting/startup.md#engine-unreachable"
+HEALTH_TIMEOUT_S = 10.0
+
+
+def _applies(ctx: Context) -> bool:
+    return ctx.uses("engine", "vllm") and ctx.needs_engine()
+
+
+def check_config(ctx: Context) -> list[CheckResult] | None:
+    if not _applies(ctx):
+        return None
+    o = ctx.options("engine")
+    found = []
+    if not o.urls and o.gpus_per_replica and len(o.gpus_per_replica) != o.replicas:
+        found.append(
+            fatal(
+                f"engine.replicas = {o.replicas} but engine.gpus_per_replica lists "
+                f"{len(o.gpus_per_replica)} GPU set(s) ({o.gpus_per_replica})",
+                fix="give one CUDA_VISIBLE_DEVICES value per replica, or set replicas to match",
+            )
+        )
+    if o.allow_truncated_logprobs and ctx.purpose == "run" and ctx.config.rollout.top_p < 1.0:
+        found.append(
+            warn(
+                f"engine.allow_truncated_logprobs with rollout.top_p = "
+                f"{ctx.config.rollout.top_p}: vLLM reports log-probs renormalized over the "
+                f"nucleus, the trainer scores the full vocabulary, so their agreement drops",
+                fix="keep rollout.top_p = 1.0 for training",
+                doc="docs/troubleshooting/training.md#log-prob-agreement-falling",
+            )
+        )
+    return found or [ok(f"{len(o.urls) or o.replicas} vLLM server(s) configured")]
+
+
+def _served(url: str) -> list[str]:
+    response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=HEALTH_TIMEOUT_S)
+    response.raise_for_status()
+    return [str(m.get("id")) for m in response.json().get("data", [])]
+
+
+def check_servers(ctx: Context) -> list[CheckResult] | None:
+    """Attached servers answer and serve ``served_model_name``; a launch finds its command
+    and its GPUs."""
+    if not _applies(ctx):
+        return None
+    o = ctx.options("engine")
+    if not o.urls:
+        results: list[CheckResult] = []
+        exe = shutil.which(o.executable)
+        if exe is None:
+            results.append(
+                fatal(
+                    f"engine.executable = {o.executable!r} is not on PATH, so no vLLM server "
+                    f"can be launched",
+                    fix="pip install vllm on this machine, set engine.executable, or attach to "
+                    "running servers with engine.urls",
+                    doc=DOC,
+                )
+            )
+        else:
+            results.append(ok(f"vLLM command at {exe}"))
+        per = [len(g.split(",")) for g in o.gpus_per_replica] or [1] * o.replicas
+        results.append(
+            gpu_headroom(
+                f"{o.replicas} vLLM server(s) to launch",
+                sum(per),
+                fix="launch the servers on a GPU machine and attach with engine.urls, or use "
+                "--engine hf on a CPU",
+            )
+        )
+        return results
+    results = []
+    for url in o.urls:
+        try:
+            served = _served(url)
+        except (httpx.HTTPError, ValueError) as exc:
+            results.append(
+                fatal(
+                    f"the vLLM server at {url} does not answer /v1/models ({exc})",
+                    fix="start it (`vllm serve MODEL --served-model-name "
+                    f"{o.served_model_name}`), or fix engine.urls",
+                    doc=DOC,
+                )
+            )
+            continue
+        if o.served_model_name not in served:
+            results.append(
+                fatal(
+                    f"the vLLM server at {url} serves {served}, not engine.served_model_name "
+                    f"= {o.served_model_name!r}",
+                    fix="set engine.served_model_name to what it serves, or restart it with "
+                    f"--served-model-name {o.served_model_name}",
+                    doc=DOC,
+                )
+            )
+            continue
+        results.append(ok(f"the vLLM server at {url} serves {o.served_model_name!r}"))
+    return results

@@ -1,0 +1,42 @@
+"""The torch optimizer's preflight: the device it trains on is here, and it trains the
+model the engine samples from."""
+
+from __future__ import annotations
+
+from slr.preflight import CheckResult, Context, ok, warn
+from slr.preflight.gpus import gpu_headroom
+
+
+def _applies(ctx: Context) -> bool:
+    return ctx.purpose == "run" and ctx.uses("optimizer", "torch")
+
+
+def check_model(ctx: Context) -> CheckResult | None:
+    """optimizer.model, when set, is the engine's model: the trainer scores the rollout's
+    tokens with its own weights and pushes them back to the engine."""
+    if not _applies(ctx):
+        return None
+    trained = ctx.options("optimizer").model
+    sampled = getattr(ctx.options("engine"), "model", None)
+    if not trained or not sampled or trained == sampled:
+        return ok(f"trains the engine's model ({sampled or trained or 'the default'})")
+    return warn(
+        f"optimizer.model = {trained!r} but engine.model = {sampled!r}: unless they are the "
+        f"same weights, the trainer scores and updates a model that did not sample, so "
+        f"log-prob agreement is poor from step 1",
+        fix="leave optimizer.model empty (it then trains the engine's model)",
+        doc="docs/troubleshooting/training.md#log-prob-agreement-falling",
+    )
+
+
+def check_device(ctx: Context) -> CheckResult | None:
+    if not _applies(ctx) or ctx.config.run.trainer_resources is not None:
+        return None  # a Ray-placed trainer: its GPUs are the gpu / ray-topology checks'
+    device = ctx.options("optimizer").device
+    if not device.startswith("cuda"):
+        return None
+    return gpu_headroom(
+        f"optimizer.device = {device!r}",
+        1,
+        fix='set optimizer.device = "cpu" (or "auto": cuda only when there is one)',
+    )
