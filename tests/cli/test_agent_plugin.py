@@ -222,6 +222,7 @@ def test_the_dashboard_skill_starts_it_and_finds_its_url(tmp_path):
         port = s.getsockname()[1]
     (tmp_path / "runs").mkdir()
     env = {**os.environ, "RUNS": str(tmp_path / "runs"), "PORT": str(port)}
+    env["PATH"] = f"{Path(SLR).parent}{os.pathsep}{env['PATH']}"  # the skill runs `slr`
     [start] = commands("dashboard")
     log = tmp_path / "runs" / "dashboard.log"
     log.touch()  # so the reader below may open it before the shell's redirection runs
