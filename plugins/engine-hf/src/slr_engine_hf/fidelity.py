@@ -22,9 +22,10 @@ from slr_engine_hf.engine import HfEngine
 
 def matrix_engines(
     templates: dict[str, str | None], *, seed: int = 0
-) -> tuple[dict[str, HfEngine], Callable[[list[int]], list[float]]]:
-    """family -> engine (each with that family's template), and ``score(ids)``: the log-prob
-    of every token given the ones before it (0.0 for the first), at temperature 1."""
+) -> tuple[dict[str, HfEngine], Callable[[list[int], list[int]], list[float]]]:
+    """family -> engine (each with that family's template), and ``score(ids, positions)``:
+    the log-prob of ``ids[j]`` given ``ids[:j]`` for each ``j`` in ``positions`` (all > 0),
+    at temperature 1, from one forward pass."""
     toks = family_tokenizers(tiny.tokenizer(), templates)
     some = next(iter(toks.values()))
     model, _ = tiny.tiny_model(tok=some, seed=seed, max_context=4096)
@@ -33,12 +34,14 @@ def matrix_engines(
         for family, tok in toks.items()
     }
 
-    def score(ids: list[int]) -> list[float]:
+    def score(ids: list[int], positions: list[int]) -> list[float]:
         with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids])).logits[0].float()
-        lp = torch.log_softmax(logits, dim=-1)
-        picked = lp[:-1].gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)
-        return [0.0, *(float(x) for x in picked)]
+            hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            # only the rows that predict the tokens asked about go through the output head
+            rows = hidden[torch.tensor(positions) - 1]
+            lp = torch.log_softmax(model.lm_head(rows).float(), dim=-1)
+        picked = lp.gather(1, torch.tensor([ids[j] for j in positions]).unsqueeze(1))
+        return [float(x) for x in picked.squeeze(1)]
 
     return engines, score
 

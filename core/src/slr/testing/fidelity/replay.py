@@ -255,14 +255,14 @@ def replay(
     scenario: Scenario,
     family: str,
     engine: Any,
-    score: Callable[[list[int]], list[float]],
+    score: Callable[[list[int], list[int]], list[float]],
     *,
     tolerance: float = 1e-4,
 ) -> CellResult:
     """Run ``scenario`` through a fresh proxy over ``engine`` (a ``ForcedDecoding`` engine
-    whose tokenizer carries ``family``'s template) and check the capture. ``score(ids)``
-    returns ``log p(ids[i] | ids[:i])`` for every ``i`` (0.0 for the first): the trainer's
-    forward pass."""
+    whose tokenizer carries ``family``'s template) and check the capture.
+    ``score(ids, positions)`` returns ``log p(ids[j] | ids[:j])`` for each ``j`` in
+    ``positions``: the trainer's forward pass."""
     import anthropic
     import openai
 
@@ -331,7 +331,7 @@ def _check(
     result: CellResult,
     trajectory: Trajectory,
     calls: list[tuple[tuple[int, ...], Generation]],
-    score: Callable[[list[int]], list[float]],
+    score: Callable[[list[int], list[int]], list[float]],
 ) -> None:
     segments = trajectory.segments
     result.segments = len(segments)
@@ -354,15 +354,15 @@ def _check(
         result.policy_tokens += len(policy)
         result.captured_mismatches += sum(1 for j in policy if not claimed[i][j])
         if policy:
-            rescored = score(list(seg.token_ids))
-            worst = max(abs(rescored[j] - seg.logprobs[j]) for j in policy)
+            rescored = score(list(seg.token_ids), policy)
+            worst = max(abs(r - seg.logprobs[j]) for r, j in zip(rescored, policy, strict=True))
             result.max_logprob_error = max(result.max_logprob_error, worst)
 
 
 def run_matrix(
     scenarios: Sequence[Scenario],
     engines: dict[str, Any],
-    score: Callable[[list[int]], list[float]],
+    score: Callable[[list[int], list[int]], list[float]],
 ) -> list[CellResult]:
     """Every scenario under every family (``engines``: family -> ForcedDecoding engine)."""
     return [
@@ -376,20 +376,21 @@ def markdown_table(results: Sequence[CellResult], families: Sequence[str]) -> st
     for r in results:
         rows.setdefault(r.scaffold, {})[r.family] = r
     lines = [
-        "| scaffold | " + " | ".join(families) + " | not applicable |",
+        "| scaffold | " + " | ".join(families) + " | N/A (why) |",
         "| --- | " + " | ".join("---" for _ in families) + " | --- |",
     ]
     for scaffold, cells in rows.items():
         shown = []
         for f in families:
             r = cells[f]
-            mark = "ok" if r.green() else "FAIL"
             shown.append(
-                f"{mark}: {r.calls} calls, {r.segments} segments (min {r.minimum}), "
-                f"{r.policy_tokens} policy tokens, max error {r.max_logprob_error:.1e}"
+                f"{'ok' if r.green() else 'FAIL'}: {r.segments} seg (min {r.minimum}), "
+                f"{r.calls} calls, {r.policy_tokens} tok, err {r.max_logprob_error:.0e}"
                 + (f", {r.error}" if r.error else "")
             )
-        na = next(iter(cells.values())).not_applicable
-        why = "; ".join(f"{k}: {v}" for k, v in na.items()) or "none"
-        lines.append(f"| {scaffold} | " + " | ".join(shown) + f" | {why} |")
+        by_reason: dict[str, list[str]] = {}
+        for name, why in next(iter(cells.values())).not_applicable.items():
+            by_reason.setdefault(why, []).append(name)
+        na = "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
+        lines.append(f"| {scaffold} | " + " | ".join(shown) + f" | {na or '-'} |")
     return "\n".join(lines)

@@ -207,9 +207,6 @@ def _agentic(
     )
 
 
-_NO_FEATURES = "the scaffold has no {}"
-
-
 def _text_only(scaffold: str, system: str, turns: list[tuple[str, str]]) -> Scenario:
     calls = [
         Call(convo="main", add=[("user", user)], reply=Reply(reasoning=f"Turn {i}.", text=text))
@@ -221,9 +218,7 @@ def _text_only(scaffold: str, system: str, turns: list[tuple[str, str]]) -> Scen
         stream=False,
         conversations={"main": Conversation(system=system)},
         calls=calls,
-        features={
-            name: _NO_FEATURES.format(name) for name in ("tool calls", "sub-agent", "compaction")
-        },
+        features=dict.fromkeys(("tool calls", "sub-agent", "compaction"), "the scaffold has none"),
     )
 
 
