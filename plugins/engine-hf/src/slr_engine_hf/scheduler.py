@@ -12,6 +12,12 @@ held back meanwhile), swaps the weights, bumps the version, and lets the held on
 ``"partial"`` mode it runs at the next token boundary: the weights are swapped, the
 running sequences' caches are recomputed under the new weights (prompt and tokens so far),
 and they continue; each token records the version that sampled it.
+
+Prefills go through the shared-prefix cache (``prefix_cache.RadixPrefixCache``): a prompt
+runs only the tokens after its longest cached prefix, and its KV goes into the cache right
+after its prefill, so a request admitted next finds it. A forced request (``forced``: the
+tokens to score, ``HfEngine.force_decode``) is answered by one prefill and never joins the
+batch. Weight updates clear the cache.
 """
 
 from __future__ import annotations
@@ -373,7 +379,9 @@ class Scheduler(threading.Thread):
             request = self._rows[row]
             # The KV holds the prompt and every generated token but the last (never fed).
             cached = [*request.prompt, *request.tokens[:-1]]
-            if self.prefix_cache.enabled:
+            # not a row that ran its prompt under older weights (a partial update): its
+            # recorded routing for those tokens belongs to them
+            if self.prefix_cache.enabled and request.versions[0] == self.version:
                 self.prefix_cache.insert(
                     cached, self._batch.row_kv(row, len(cached)), request.routing
                 )
