@@ -85,9 +85,17 @@ class ForcedReplayEngine:
                 f"that implements slr.contracts.ForcedDecoding"
             )
 
-    tokenizer = property(lambda self: self.inner.tokenizer)
-    max_context = property(lambda self: self.inner.max_context)
-    weights_version = property(lambda self: self.inner.weights_version)
+    @property
+    def tokenizer(self) -> Any:
+        return self.inner.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    @property
+    def weights_version(self) -> int:
+        return self.inner.weights_version
 
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id=None

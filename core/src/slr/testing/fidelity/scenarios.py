@@ -33,6 +33,9 @@ class Reply:
     reasoning: str = ""
 
 
+Added = tuple[Literal["user", "tool"], str]
+
+
 @frozen(kw_only=True)
 class Call:
     """One model call: the conversation it belongs to, what it adds, and the answer.
@@ -41,7 +44,7 @@ class Call:
     conversation's last tool call)."""
 
     convo: str
-    add: tuple[tuple[Literal["user", "tool"], str], ...] = field(converter=tuple)
+    add: tuple[Added, ...] = field(converter=tuple)
     reply: Reply
 
 
@@ -160,6 +163,7 @@ def _agentic(
         "This session continues from an earlier conversation that ran out of context. "
         f"{summary} Continue: make sure the linter is clean."
     )
+    first: list[Added]
     if condenser:
         # a separate summarizing call, then the condensed history (task + summary)
         conversations["summarizer"] = Conversation(
