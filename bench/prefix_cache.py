@@ -120,7 +120,10 @@ async def run_mode(args, mode: str, cache_tokens: int) -> dict:
         started = time.monotonic()
         if mode == "staggered":
             first = asyncio.create_task(trial(0))
-            await timed.first_token.wait()
+            token = asyncio.create_task(timed.first_token.wait())
+            # session 1 may end (a crash, a timeout) without ever getting a token
+            await asyncio.wait({first, token}, return_when=asyncio.FIRST_COMPLETED)
+            token.cancel()
             rest = [asyncio.create_task(trial(i)) for i in range(1, args.sessions)]
             results = await asyncio.gather(first, *rest)
         else:
@@ -132,6 +135,8 @@ async def run_mode(args, mode: str, cache_tokens: int) -> dict:
     # the engine knows sessions by the proxy's engine id; order them by first call
     firsts = sorted(timed.first.values())
     latencies = [t - s for s, t, _ in firsts]
+    if not latencies:
+        raise SystemExit(f"{mode}: no session got a first token; terminations: {results}")
     head, rest = latencies[0], latencies[1:]
     out = {
         "mode": mode,
@@ -159,26 +164,33 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=24, help="cap on each answer's tokens")
     p.add_argument("--agent-timeout", type=float, default=900.0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument(
+        "--modes", nargs="+", default=["staggered", "together"], choices=["staggered", "together"]
+    )
     p.add_argument("--baseline", action="store_true", help="also run 'together' with no cache")
     p.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = p.parse_args()
     from slr import log
 
     log.configure(level="warning")
-    modes = [("staggered", 16384), ("together", 16384)]
+    modes = [(m, 16384) for m in args.modes]
     if args.baseline:
         modes.append(("together", 0))
-    reports = [asyncio.run(run_mode(args, mode, cache)) for mode, cache in modes]
-    print(
+    header = (
         f"{'mode':10} {'cache':>6} {'s1 s':>7} {'2..N med s':>10} {'2..N max s':>10} "
         f"{'ratio':>6} {'prefill tok':>11} {'reused tok':>10} {'verifier':>8} {'wall s':>7}"
     )
-    for r in reports:
+    print(header, flush=True)
+    reports = []
+    for mode, cache in modes:  # each row as soon as its mode ends: a mode takes minutes
+        r = asyncio.run(run_mode(args, mode, cache))
+        reports.append(r)
         print(
             f"{r['mode']:10} {r['cache_tokens']:6} {r['session1_s']:7.1f} "
             f"{r['others_median_s'] or 0:10.1f} {r['others_max_s'] or 0:10.1f} "
             f"{r['ratio_median'] or 0:6.3f} {r['prefill_tokens']:11} {r['reused_tokens']:10} "
-            f"{r['reached_verifier']:>4}/{r['sessions']:<3} {r['wall_s']:7.1f}"
+            f"{r['reached_verifier']:>4}/{r['sessions']:<3} {r['wall_s']:7.1f}",
+            flush=True,
         )
     print(f"first prompt tokens: {reports[0]['first_prompt_tokens']}")
     if args.json:
