@@ -18,7 +18,13 @@ from slr.testing.fidelity import markdown_table, replay, scenarios
 
 TEMPLATES = Path(__file__).parent / "templates"
 FAMILIES = ("chatml", "qwen3", "llama3")
-SCAFFOLDS = [s.scaffold for s in scenarios()]
+# claude-code (Anthropic, streaming, sub-agent + compaction) and mini-swe-agent (OpenAI,
+# text only) in the fast suite; the other cells (each a few seconds) with the slow tests
+FAST = {"claude-code", "mini-swe-agent"}
+SCAFFOLDS = [
+    pytest.param(s.scaffold, marks=() if s.scaffold in FAST else pytest.mark.slow)
+    for s in scenarios()
+]
 
 
 @pytest.fixture(scope="module")
