@@ -6,6 +6,7 @@ from slr.contracts.engine import (
     ContextOverflow,
     Engine,
     EngineUnavailable,
+    ForcedDecoding,
     UpdateMode,
     collect,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "Engine",
     "EngineUnavailable",
     "ExecResult",
+    "ForcedDecoding",
     "Generation",
     "GenerationChunk",
     "NetworkMode",

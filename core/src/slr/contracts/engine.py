@@ -69,6 +69,27 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class ForcedDecoding(Protocol):
+    """An engine that can score a given completion instead of sampling one (optional).
+
+    ``force_decode(prompt_ids, token_ids, sampling)`` returns the ``Generation`` the engine
+    would have returned had it sampled exactly ``token_ids``: the same log-prob definition
+    (``log_softmax(logits / T)`` over the full vocabulary, fp32), routing of every token
+    fed, ``weights_versions``. Replays use it to push a recorded session through the proxy
+    with exact, engine-computed behaviour log-probs (docs/engines.md, "Forced decoding").
+    """
+
+    async def force_decode(
+        self,
+        prompt_ids: Sequence[int],
+        token_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+    ) -> Generation: ...
+
+
 class ChunkCollector:
     """Adds chunks up into the ``Generation`` they make (what ``generate`` returns)."""
 

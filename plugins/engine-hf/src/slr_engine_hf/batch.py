@@ -196,8 +196,11 @@ def prefill(
     prefix: KV | None,
     prefix_len: int,
     routing_k: int = 0,
+    *,
+    every_position: bool = False,
 ) -> tuple[torch.Tensor, KV, torch.Tensor | None]:
-    """Run one sequence's uncached tokens; returns the last logits [vocab], its KV and,
+    """Run one sequence's uncached tokens; returns the last logits [vocab] (with
+    ``every_position``: the logits after each token run, [tokens, vocab]), its KV and,
     with ``routing_k``, the expert ids of the tokens run [tokens, layers, k]."""
     device = next(model.parameters()).device
     new = list(token_ids[prefix_len:])
@@ -216,4 +219,5 @@ def prefill(
         position_ids=positions.unsqueeze(0),
         cache_position=positions,
     )
-    return logits[0, -1].float(), cache_tensors(cache), routing
+    out = logits[0].float() if every_position else logits[0, -1].float()
+    return out, cache_tensors(cache), routing

@@ -34,8 +34,10 @@ class HfEngineConfig:
     )
     prefix_cache_tokens: int = option(
         16384,
-        doc="Tokens of per-session KV kept between calls, so a session's next call only "
-        "runs its new tokens (0: off).",
+        doc="Tokens of KV kept in the shared prefix cache (a radix tree over token ids, "
+        "shared by all sessions, least recently used evicted first): a prompt runs only the "
+        "tokens after its longest cached prefix (0: off). SmolLM2-135M in fp32 needs ~46 KB "
+        "per token.",
         validator=validators.ge(0),
     )
     return_routed_experts: bool = option(

@@ -146,20 +146,54 @@ class HfEngine:
     ) -> Generation:
         return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
 
-    def _request(self, prompt: list[int], sampling: SamplingParams, session_id: str | None):
+    async def force_decode(
+        self,
+        prompt_ids: Sequence[int],
+        token_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        session_id: str | None = None,
+    ) -> Generation:
+        """Forced decoding (``slr.contracts.ForcedDecoding``): the ``Generation`` this engine
+        would return had it sampled exactly ``token_ids`` after ``prompt_ids``: each
+        token's log-prob under ``sampling.temperature``, the routing of every token fed,
+        ``finish_reason`` ``"stop"`` when the last token is EOS or a stop token (else
+        ``"length"``). One forward pass; the prefix cache is used and filled as usual."""
+        forced = [int(t) for t in token_ids]
+        if not forced:
+            raise ValueError("force_decode needs at least one token to score; got none")
+        self._check_ids(forced, "forced token ids")
+        prompt = [int(t) for t in prompt_ids]
+        if len(prompt) + len(forced) > self._max_context:
+            raise ContextOverflow(len(prompt) + len(forced), self._max_context)
+        stream = _TokenStream(self, prompt, sampling, session_id, forced=forced)
+        return await collect(stream)
+
+    def _check_ids(self, ids: list[int], what: str) -> None:
+        bad = [t for t in ids if not 0 <= t < self._vocab]
+        if bad:
+            raise ValueError(
+                f"{what} {bad[:5]} are outside the vocabulary (0..{self._vocab - 1}); "
+                f"tokenize with this engine's tokenizer"
+            )
+
+    def _request(
+        self,
+        prompt: list[int],
+        sampling: SamplingParams,
+        session_id: str | None,
+        forced: list[int] | None = None,
+    ) -> Request:
         if not prompt:
             raise ValueError("generate needs at least one prompt token; got an empty prompt")
         if len(prompt) >= self._max_context:
             raise ContextOverflow(len(prompt), self._max_context)
-        bad = [t for t in prompt if not 0 <= t < self._vocab]
-        if bad:
-            raise ValueError(
-                f"prompt token ids {bad[:5]} are outside the vocabulary (0..{self._vocab - 1}); "
-                f"tokenize with this engine's tokenizer"
-            )
+        self._check_ids(prompt, "prompt token ids")
         if self._closed:
             raise EngineUnavailable("this hf engine is closed")
-        return Request(prompt=prompt, sampling=sampling, session_id=session_id, future=Future())
+        return Request(
+            prompt=prompt, sampling=sampling, session_id=session_id, future=Future(), forced=forced
+        )
 
     async def update_weights(
         self,
@@ -200,8 +234,11 @@ class HfEngine:
             "load": s.load,
             "steps": s.steps,
             "generated_tokens": s.generated_tokens,
+            "prefill_tokens": s.prefill_tokens,
             "prefix_cache_hits": s.prefix_cache.hits,
             "prefix_cache_reused_tokens": s.prefix_cache.reused_tokens,
+            "prefix_cache_tokens": s.prefix_cache.tokens,
+            "prefix_cache_evicted_tokens": s.prefix_cache.evicted_tokens,
             "weights_version": s.version,
             "cancelled": s.cancelled,
             "resumed": s.resumed,
@@ -223,9 +260,11 @@ class _TokenStream:
         prompt: list[int],
         sampling: SamplingParams,
         session_id: str | None,
+        *,
+        forced: list[int] | None = None,
     ) -> None:
         self._engine = engine
-        self._args = (prompt, sampling, session_id)
+        self._args = (prompt, sampling, session_id, forced)
         self._request: Request | None = None
         self._queue: asyncio.Queue[GenerationChunk | BaseException] = asyncio.Queue()
         self._done = False

@@ -12,12 +12,18 @@ held back meanwhile), swaps the weights, bumps the version, and lets the held on
 ``"partial"`` mode it runs at the next token boundary: the weights are swapped, the
 running sequences' caches are recomputed under the new weights (prompt and tokens so far),
 and they continue; each token records the version that sampled it.
+
+Prefills go through the shared-prefix cache (``prefix_cache.RadixPrefixCache``): a prompt
+runs only the tokens after its longest cached prefix, and its KV goes into the cache right
+after its prefill, so a request admitted next finds it. A forced request (``forced``: the
+tokens to score, ``HfEngine.force_decode``) is answered by one prefill and never joins the
+batch. Weight updates clear the cache.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -27,8 +33,9 @@ import structlog
 import torch
 
 from slr.contracts import EngineUnavailable, Generation, GenerationChunk, SamplingParams
-from slr_engine_hf.batch import KV, Batch, prefill
-from slr_engine_hf.sampling import new_generator, sample_rows
+from slr_engine_hf.batch import Batch, prefill
+from slr_engine_hf.prefix_cache import RadixPrefixCache
+from slr_engine_hf.sampling import new_generator, sample_rows, token_logprobs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -53,6 +60,8 @@ class Request:
     sent_tokens: int = 0  # how many tokens (and routing entries) went out in chunks
     sent_routing: int = 0
     stop_text_tokens: int = 0  # how many trailing tokens to decode when checking stop strings
+    # forced decoding: score these tokens as the completion instead of sampling one
+    forced: list[int] | None = None
 
     def __attrs_post_init__(self) -> None:
         self.generator = new_generator(self.sampling.seed)
@@ -66,53 +75,6 @@ class _Update:
     version: int | None
     future: Future
     partial: bool = False
-
-
-class PrefixCache:
-    """Per-session KV of the last finished call, so the next call re-runs only what's new."""
-
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
-        self._entries: OrderedDict[str, tuple[list[int], KV, list | None]] = OrderedDict()
-        self._tokens = 0
-        self.hits = 0
-        self.reused_tokens = 0
-
-    def take(self, session_id: str | None, prompt: list[int]) -> tuple[KV | None, int, list | None]:
-        """The cached KV (and routing) for the longest common prefix with ``prompt``, and
-        that prefix's length."""
-        if session_id is None or session_id not in self._entries:
-            return None, 0, None
-        tokens, kv, routing = self._entries.pop(session_id)
-        self._tokens -= len(tokens)
-        n = 0
-        for a, b in zip(tokens, prompt, strict=False):
-            if a != b:
-                break
-            n += 1
-        n = min(n, len(prompt) - 1)  # at least one prompt token must run to get logits
-        if n <= 0:
-            return None, 0, None
-        self.hits += 1
-        self.reused_tokens += n
-        return kv, n, (routing[:n] if routing is not None else None)
-
-    def put(
-        self, session_id: str | None, tokens: list[int], kv: KV, routing: list | None = None
-    ) -> None:
-        if session_id is None or self.max_tokens <= 0 or len(tokens) > self.max_tokens:
-            return
-        if session_id in self._entries:
-            self._tokens -= len(self._entries.pop(session_id)[0])
-        self._entries[session_id] = (tokens, kv, routing)
-        self._tokens += len(tokens)
-        while self._tokens > self.max_tokens:
-            _, (old, _, _) = self._entries.popitem(last=False)
-            self._tokens -= len(old)
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._tokens = 0
 
 
 class Scheduler(threading.Thread):
@@ -137,7 +99,7 @@ class Scheduler(threading.Thread):
         self.max_context = max_context
         self.eos_token_ids = eos_token_ids
         self.version = 0
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefix_cache = RadixPrefixCache(prefix_cache_tokens)
         self.routing_k = routing_k
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -149,6 +111,7 @@ class Scheduler(threading.Thread):
         self.generated_tokens = 0
         self.cancelled = 0  # sequences dropped because their consumer went away
         self.resumed = 0  # sequences continued across a partial weight update
+        self.prefill_tokens = 0  # tokens run through the model by prefills (cache misses)
 
     # -- called from other threads ------------------------------------------------------
 
@@ -310,12 +273,19 @@ class Scheduler(threading.Thread):
         if not request.future.set_running_or_notify_cancel():
             return
         try:
-            prefix, reused, routed = self.prefix_cache.take(request.session_id, request.prompt)
+            prefix, reused, routed = self.prefix_cache.match(request.prompt)
+            if request.forced is not None:
+                self._force(request, prefix, reused, routed)
+                return
             logits, kv, routing = prefill(
                 self.model, request.prompt, prefix, reused, self.routing_k
             )
+            self.prefill_tokens += len(request.prompt) - reused
             if routing is not None:
                 request.routing = [*(routed or []), *routing.tolist()]
+            # at once, not when the call ends: a session admitted next (one that started
+            # together with this one) finds the shared prefix already computed
+            self.prefix_cache.insert(request.prompt, kv, request.routing)
             token, lp = sample_rows(logits.unsqueeze(0), [request.sampling], [request.generator])
         except BaseException as exc:
             request.future.set_exception(exc)
@@ -328,6 +298,42 @@ class Scheduler(threading.Thread):
             self._retire({len(self._rows) - 1: reason})
         else:
             self._emit(request)
+
+    def _force(self, request: Request, prefix: Any, reused: int, routed: list | None) -> None:
+        """Forced decoding: one prefill over prompt + the given tokens (all but the last,
+        which is never fed), and each given token's log-prob where it was sampled."""
+        forced = request.forced
+        assert forced is not None
+        fed = [*request.prompt, *forced[:-1]]
+        logits, kv, routing = prefill(
+            self.model, fed, prefix, reused, self.routing_k, every_position=True
+        )
+        self.prefill_tokens += len(fed) - reused
+        if routing is not None:
+            request.routing = [*(routed or []), *routing.tolist()]
+        self.prefix_cache.insert(fed, kv, request.routing)
+        rows = logits[len(request.prompt) - 1 - reused :]
+        temps = torch.full((rows.shape[0],), float(request.sampling.temperature))
+        logprobs = token_logprobs(rows.to("cpu"), temps)
+        picked = logprobs.gather(1, torch.tensor(forced).unsqueeze(1)).squeeze(1).tolist()
+        request.tokens, request.logprobs = list(forced), [float(x) for x in picked]
+        request.versions = [self.version] * len(forced)
+        self.generated_tokens += len(forced)
+        last = forced[-1]
+        stop = last in self.eos_token_ids or last in request.sampling.stop_token_ids
+        reason = "stop" if stop else "length"
+        self._emit(request, reason)
+        request.future.set_result(
+            Generation(
+                token_ids=request.tokens,
+                logprobs=request.logprobs,
+                finish_reason=reason,
+                routed_experts=request.routing,
+                weights_version=self.version,
+                weights_versions=request.versions,
+                prompt_tokens=len(request.prompt),
+            )
+        )
 
     def _decode_step(self) -> None:
         rows = self._rows
@@ -373,12 +379,11 @@ class Scheduler(threading.Thread):
             request = self._rows[row]
             # The KV holds the prompt and every generated token but the last (never fed).
             cached = [*request.prompt, *request.tokens[:-1]]
-            if request.session_id is not None and self.prefix_cache.max_tokens > 0:
-                self.prefix_cache.put(
-                    request.session_id,
-                    cached,
-                    self._batch.row_kv(row, len(cached)),
-                    request.routing,
+            # not a row that ran its prompt under older weights (a partial update): its
+            # recorded routing for those tokens belongs to them
+            if self.prefix_cache.enabled and request.versions[0] == self.version:
+                self.prefix_cache.insert(
+                    cached, self._batch.row_kv(row, len(cached)), request.routing
                 )
             done.append((request, reason))
         keep = [i for i in range(len(self._rows)) if i not in finished]
