@@ -23,8 +23,8 @@ def captured(monkeypatch):
     """`slr run` resolves the config and hands it to slr.training.train: keep it there."""
     seen = {}
 
-    def train(cfg, *, resume):
-        seen["cfg"], seen["resume"] = cfg, resume
+    def train(cfg, *, resume, output=None):
+        seen["cfg"], seen["resume"], seen["output"] = cfg, resume, output
 
     monkeypatch.setattr(slr.training, "train", train)
     return seen
