@@ -35,7 +35,7 @@ def test_killing_an_engine_replica_and_a_sandbox_mid_run_loses_nothing():
     soak = _soak()
     args = soak.parser().parse_args(
         [
-            "--agent", "oracle", "--trials", "12", "--concurrency", "4",
+            "--agent", "oracle", "--trials", "32", "--concurrency", "4",
             "--duration", "2", "--n-faults", "2", "--faults", "engine,sandbox",
             "--grace", "180",
         ]

@@ -110,10 +110,15 @@ def test_killed_run_leaves_pods_the_next_start_removes_then_trials_complete(
     try:
         deadline = time.monotonic() + 300
         while True:  # until a trial's pod runs: its agent phase is under way
+            # (preflight's proxy-reach probe runs a pod of its own before the run directory
+            # exists: only a pod labelled with the run's id is a trial's)
+            made = [c.parent.name for c in (tmp_path / "runs").glob("*/config.toml")]
             running = [
                 p.metadata.name
                 for p in pods(core_api, **{OWNER_PID: str(killed.pid)})
                 if p.status.phase == "Running"
+                and made
+                and p.metadata.labels.get(RUN) == label_value(made[0])
             ]
             if running:
                 break

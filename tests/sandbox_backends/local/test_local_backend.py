@@ -125,13 +125,15 @@ def test_workspace_processes_are_found_and_killed_by_their_root(backend, example
             while not marker.exists():  # the command is running once its marker exists
                 await asyncio.sleep(0.02)
             killed = kill_workspace_processes(sb.root)
-            return killed, await running
+            # a sandbox killed by someone else (here: the test, as an orphan clean-up would)
+            # is an infrastructure failure, never a command that merely exited 137
+            with pytest.raises(SandboxError, match="killed by signal 9 from outside"):
+                await running
+            return killed
         finally:
             await sb.stop()
 
-    killed, res = asyncio.run(go())
-    assert killed >= 1
-    assert not res.timed_out and res.exit_code == 137
+    assert asyncio.run(go()) >= 1
 
 
 def _held_bwrap(tmp_path: Path) -> tuple[Path, Path, Path]:
