@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -20,15 +21,17 @@ def _echo(line: Line, *, err: bool = False) -> None:
     click.echo(click.style(text[:5], fg=_COLOURS[status]) + text[5:], err=err)
 
 
-def gate(config, *, purpose: Purpose, skip: bool) -> None:
+def gate(config, *, purpose: Purpose, skip: bool, checkpoint: Path | None = None) -> None:
     """Run the preflight before ``purpose``: warnings and fatals are printed (stderr), and
-    a fatal stops the command before an engine or a sandbox starts."""
+    a fatal stops the command before an engine or a sandbox starts. ``checkpoint``: the one
+    an eval serves, checked against the settings its run trained with."""
     if skip:
         return
     report = run_preflight(
         config,
         get_plugin_manager(),
         purpose=purpose,
+        checkpoint=checkpoint,
         on_line=lambda line: _echo(line, err=True) if line.result.status != "pass" else None,
     )
     click.echo(report.summary(), err=True)
