@@ -134,6 +134,12 @@ def test_eval_of_a_checkpoint_warns_of_a_temperature_other_than_training(tmp_pat
     warned = [line for line in res.stderr.splitlines() if line.startswith("warn   pitfalls:")]
     assert len(warned) == 1 and "trained at 1" in warned[0], res.stderr
     assert "Traceback" not in res.stderr
+    # the same check ahead of time
+    res = slr(
+        "preflight", "-c", str(write(tmp_path)), "--for", "eval", "--structure-only",
+        "--checkpoint", str(run), "--set", "rollout.temperature=0.2", cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0 and "warn   pitfalls: " in res.stdout, res.stdout + res.stderr
 
 
 @pytest.mark.timeout(60)

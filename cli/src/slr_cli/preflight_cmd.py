@@ -63,9 +63,25 @@ def skip_preflight_option(fn):
     show_default=True,
     help="Which command the config is for (an eval has no optimizer and may use no model).",
 )
+@click.option(
+    "--checkpoint",
+    type=click.Path(path_type=Path),
+    help="With --for eval: the checkpoint (or run folder) the eval will serve, checked "
+    "against the settings its run trained with.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
 def preflight(
-    config_path, agent, backend, engine, optimizer, verifier, sets, structure_only, purpose, as_json
+    config_path,
+    agent,
+    backend,
+    engine,
+    optimizer,
+    verifier,
+    sets,
+    structure_only,
+    purpose,
+    checkpoint,
+    as_json,
 ) -> None:
     """Check a run config and this machine before a run: one line per check.
 
@@ -74,6 +90,7 @@ def preflight(
       slr preflight -c run.toml
       slr preflight -c cluster.toml --structure-only
       slr preflight -c run.toml --for eval --agent oracle
+      slr preflight -c eval.toml --for eval --checkpoint runs/RUN
 
     \b
     Each line is pass, warn or fatal; every fatal names its fix. Checks run cheapest first
@@ -109,7 +126,12 @@ def preflight(
             _echo(line)
 
     report = run_preflight(
-        cfg, get_plugin_manager(), purpose=purpose, structure_only=structure_only, on_line=show
+        cfg,
+        get_plugin_manager(),
+        purpose=purpose,
+        structure_only=structure_only,
+        on_line=show,
+        checkpoint=checkpoint,
     )
     if not as_json:
         click.echo(report.summary())
