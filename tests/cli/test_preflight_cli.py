@@ -123,6 +123,26 @@ def test_a_start_up_failure_past_the_preflight_is_one_line_too(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_eval_of_a_checkpoint_warns_of_a_temperature_other_than_training(tmp_path):
+    run = tmp_path / "runs" / "trained-1"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.toml").write_text("[rollout]\ntemperature = 1.0\n")
+    res = slr(
+        "eval", "-c", str(write(tmp_path)), "--checkpoint", str(run),
+        "--set", "rollout.temperature=0.2", cwd=tmp_path,
+    )  # fmt: skip
+    warned = [line for line in res.stderr.splitlines() if line.startswith("warn   pitfalls:")]
+    assert len(warned) == 1 and "trained at 1" in warned[0], res.stderr
+    assert "Traceback" not in res.stderr
+    # the same check ahead of time
+    res = slr(
+        "preflight", "-c", str(write(tmp_path)), "--for", "eval", "--structure-only",
+        "--checkpoint", str(run), "--set", "rollout.temperature=0.2", cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0 and "warn   pitfalls: " in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.timeout(60)
 def test_infer_gates_on_the_preflight_like_eval(tmp_path):
     # the same gate as `slr eval`: a fatal check (here, a folder with no task in it) stops
     # `slr infer` before its run folder, an engine or a sandbox exists

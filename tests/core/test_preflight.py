@@ -140,6 +140,42 @@ def test_a_default_training_config_has_no_pitfall(tmp_path):
     assert statuses(structure(tmp_path), "pitfalls") == {"pass"}
 
 
+def trained_run(tmp_path: Path, temperature: float | None) -> Path:
+    """A run folder as training leaves it: its config and one checkpoint folder."""
+    run = tmp_path / "runs" / "trained-1"
+    (run / "checkpoints" / "step-000002").mkdir(parents=True)
+    rollout = "" if temperature is None else f"temperature = {temperature}\n"
+    (run / "config.toml").write_text(f'[run]\nname = "trained"\n[rollout]\n{rollout}')
+    return run
+
+
+def eval_of(tmp_path, checkpoint: Path, *sets: str):
+    return run_preflight(
+        config(tmp_path, *sets),
+        get_plugin_manager(),
+        purpose="eval",
+        structure_only=True,
+        checkpoint=checkpoint,
+    )
+
+
+def test_an_eval_at_another_temperature_than_training_warns(tmp_path):
+    run = trained_run(tmp_path, 1.0)
+    for given in (run, run / "checkpoints" / "step-000002"):  # the run, or one checkpoint
+        report = eval_of(tmp_path, given, "rollout.temperature=0.6")
+        [result] = lines(report, "pitfalls")
+        assert result.status == "warn" and report.ok
+        assert "rollout.temperature = 0.6" in result.message and "trained at 1" in result.message
+        assert "--set rollout.temperature=1" in result.fix
+        assert result.doc == "docs/troubleshooting/training.md#eval-disagrees-with-training-reward"
+
+
+def test_an_eval_at_the_training_temperature_passes(tmp_path):
+    # a run config that leaves the temperature at its default trained at the default
+    assert statuses(eval_of(tmp_path, trained_run(tmp_path, None)), "pitfalls") == {"pass"}
+    assert statuses(eval_of(tmp_path, tmp_path / "not-a-run"), "pitfalls") == {"pass"}
+
+
 def test_idle_concurrency_warns(tmp_path):
     report = structure(
         tmp_path, "rollout.concurrency=64", "rollout.tasks_per_step=1", "rollout.n_per_task=2"

@@ -109,6 +109,57 @@ def test_wandb_offline_run_reads_back_with_wandb(tmp_path, monkeypatch):
     assert config["run"]["name"] == "logged" and config["run"]["loggers"] == ["wandb"]
 
 
+@pytest.mark.timeout(60)
+def test_mlflow_file_store_reads_back_with_mlflow_client(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the run's own file store
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # what any reader of it sets
+    run = run_with(tmp_path, "mlflow")
+    client = MlflowClient(tracking_uri=(run.path / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("slr")
+    assert experiment is not None
+    [logged] = client.search_runs([experiment.experiment_id])
+    assert logged.info.run_name == run.id and logged.info.status == "FINISHED"
+    assert logged.data.tags["slr.run_id"] == run.id
+    params = logged.data.params
+    assert params["run.name"] == "logged" and params["rollout.temperature"] == "1.0"
+    history = client.get_metric_history(logged.info.run_id, "reward/mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.75)]
+    assert set(logged.data.metrics) == {"reward/mean", "loss", "weights_version"}
+
+
+@pytest.mark.timeout(60)
+def test_a_resumed_run_goes_on_in_the_same_mlflow_run(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run = run_with(tmp_path, "mlflow")
+    plugins = get_plugin_manager()
+    cfg = load_config(plugins=plugins, sets=['run.loggers=["mlflow"]', 'run.name="logged"'])
+    emit(plugins, "on_run_started", run_dir=run, config=cfg)  # as `slr run --resume` does
+    emit(plugins, "on_step_finished", run_dir=run, step=3, metrics={"reward/mean": 1.0})
+    emit(plugins, "on_run_finished", run_dir=run, status="interrupted")
+    client = MlflowClient(tracking_uri=(run.path / "mlruns").as_uri())
+    [logged] = client.search_runs([client.get_experiment_by_name("slr").experiment_id])
+    assert logged.info.status == "KILLED"
+    history = client.get_metric_history(logged.info.run_id, "reward/mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.75), (3, 1.0)]
+
+
+def test_mlflow_keys_stay_valid_names():
+    from slr_logger_mlflow.logger import flat_params, metric_key
+
+    assert metric_key("reward/mean") == "reward/mean"
+    assert metric_key("/a//b:c") == "a/b_c" and metric_key("../x") == "_../x"
+    assert dict(flat_params({"run": {"name": "n", "tags": {}}, "x": [1]})) == {
+        "run.name": "n",
+        "run.tags": "{}",
+        "x": "[1]",
+    }
+
+
 def test_an_unknown_logger_fails_at_config_with_what_is_installed():
     with pytest.raises(UnknownPluginError) as err:
         load_config(plugins=get_plugin_manager(), sets=['run.loggers=["tensorbored"]'])

@@ -136,7 +136,7 @@ def eval_(
         sets,
         only_plugins=("agent", "backend", "engine", "verifier"),
     )
-    gate(cfg, purpose="eval", skip=skip_preflight)
+    gate(cfg, purpose="eval", skip=skip_preflight, checkpoint=checkpoint)
     evaluation = Evaluation(
         cfg, samples=samples, checkpoint=checkpoint, output=output, name=name, threshold=threshold
     )

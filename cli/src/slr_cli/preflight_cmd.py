@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -20,15 +21,17 @@ def _echo(line: Line, *, err: bool = False) -> None:
     click.echo(click.style(text[:5], fg=_COLOURS[status]) + text[5:], err=err)
 
 
-def gate(config, *, purpose: Purpose, skip: bool) -> None:
+def gate(config, *, purpose: Purpose, skip: bool, checkpoint: Path | None = None) -> None:
     """Run the preflight before ``purpose``: warnings and fatals are printed (stderr), and
-    a fatal stops the command before an engine or a sandbox starts."""
+    a fatal stops the command before an engine or a sandbox starts. ``checkpoint``: the one
+    an eval serves, checked against the settings its run trained with."""
     if skip:
         return
     report = run_preflight(
         config,
         get_plugin_manager(),
         purpose=purpose,
+        checkpoint=checkpoint,
         on_line=lambda line: _echo(line, err=True) if line.result.status != "pass" else None,
     )
     click.echo(report.summary(), err=True)
@@ -60,9 +63,25 @@ def skip_preflight_option(fn):
     show_default=True,
     help="Which command the config is for (an eval has no optimizer and may use no model).",
 )
+@click.option(
+    "--checkpoint",
+    type=click.Path(path_type=Path),
+    help="With --for eval: the checkpoint (or run folder) the eval will serve, checked "
+    "against the settings its run trained with.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
 def preflight(
-    config_path, agent, backend, engine, optimizer, verifier, sets, structure_only, purpose, as_json
+    config_path,
+    agent,
+    backend,
+    engine,
+    optimizer,
+    verifier,
+    sets,
+    structure_only,
+    purpose,
+    checkpoint,
+    as_json,
 ) -> None:
     """Check a run config and this machine before a run: one line per check.
 
@@ -71,6 +90,7 @@ def preflight(
       slr preflight -c run.toml
       slr preflight -c cluster.toml --structure-only
       slr preflight -c run.toml --for eval --agent oracle
+      slr preflight -c eval.toml --for eval --checkpoint runs/RUN
 
     \b
     Each line is pass, warn or fatal; every fatal names its fix. Checks run cheapest first
@@ -106,7 +126,12 @@ def preflight(
             _echo(line)
 
     report = run_preflight(
-        cfg, get_plugin_manager(), purpose=purpose, structure_only=structure_only, on_line=show
+        cfg,
+        get_plugin_manager(),
+        purpose=purpose,
+        structure_only=structure_only,
+        on_line=show,
+        checkpoint=checkpoint,
     )
     if not as_json:
         click.echo(report.summary())

@@ -9,10 +9,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
-from slr.config import PLUGIN_SECTIONS
+import attrs
+
+from slr.config import PLUGIN_SECTIONS, RolloutSection
 from slr.errors import SlrError
 from slr.hookspecs import hookimpl
 from slr.plugins import CORE_DISTRIBUTION
@@ -109,6 +112,47 @@ def check_tool_parser(ctx: Context) -> CheckResult | None:
     return ok(f"proxy.tool_parser = {ctx.config.proxy.tool_parser!r} is known")
 
 
+def trained_temperature(checkpoint: Path) -> tuple[Path, float] | None:
+    """The ``rollout.temperature`` the run that wrote ``checkpoint`` (a checkpoint folder, or
+    the run folder) trained at, and that run's config; None when it is no run's, or unreadable
+    (the eval itself reports a wrong ``--checkpoint``)."""
+    from slr.runs import RunDir
+
+    for folder in (checkpoint, checkpoint.parent.parent):
+        path = folder / RunDir.CONFIG
+        if path.is_file():
+            try:
+                rollout = tomllib.loads(path.read_text()).get("rollout", {})
+                default = attrs.fields(RolloutSection).temperature.default
+                return path, float(rollout.get("temperature", default))
+            except (OSError, ValueError, TypeError, AttributeError):
+                return None
+    return None
+
+
+def _eval_temperature(ctx: Context) -> CheckResult | None:
+    """An eval of a checkpoint sampling at another temperature than its run trained at: its
+    pass@k is not comparable with the run's reward curve (a greedy eval may be on purpose,
+    so this warns)."""
+    if ctx.purpose != "eval" or ctx.checkpoint is None:
+        return None
+    trained = trained_temperature(Path(ctx.checkpoint))
+    if trained is None:
+        return None
+    source, temperature = trained
+    now = ctx.config.rollout.temperature
+    if now == temperature:
+        return None
+    return warn(
+        f"this eval samples at rollout.temperature = {now:g}, but the checkpoint's run trained "
+        f"at {temperature:g} ({source}): its pass@k measures another sampling policy than the "
+        f"run's reward curve",
+        fix=f"--set rollout.temperature={temperature:g} to compare with training (keep "
+        f"{now:g} only if that is the point, e.g. a greedy pass@1)",
+        doc="docs/troubleshooting/training.md#eval-disagrees-with-training-reward",
+    )
+
+
 def check_pitfalls(ctx: Context) -> list[CheckResult]:
     """Settings that are valid one by one but make training learn nothing, silently."""
     cfg = ctx.config
@@ -178,6 +222,8 @@ def check_pitfalls(ctx: Context) -> list[CheckResult]:
                 fix="keep rollout.top_p = 1.0 for training",
             )
         )
+    if (mismatch := _eval_temperature(ctx)) is not None:
+        found.append(mismatch)
     per_step = r.tasks_per_step * r.n_per_task
     if ctx.purpose == "run" and per_step < r.concurrency:
         found.append(

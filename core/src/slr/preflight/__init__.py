@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from attrs import frozen
@@ -82,6 +83,8 @@ class Context:
     config: Config
     plugins: Plugins
     purpose: Purpose = "run"
+    checkpoint: Path | None = None
+    """The checkpoint an eval serves (``slr eval --checkpoint``), as given; None otherwise."""
 
     def uses(self, section: str, name: str) -> bool:
         """Whether the config's ``[section]`` names plugin ``name`` (``uses("backend", "k8s")``)."""
@@ -222,9 +225,10 @@ def run_preflight(
     purpose: Purpose = "run",
     structure_only: bool = False,
     on_line: Callable[[Line], None] | None = None,
+    checkpoint: Path | None = None,
 ) -> Report:
     """Every registered check against ``config``; see the module docstring."""
-    ctx = Context(config=config, plugins=plugins, purpose=purpose)
+    ctx = Context(config=config, plugins=plugins, purpose=purpose, checkpoint=checkpoint)
     stages: tuple[Stage, ...] = ("config",) if structure_only else STAGES
     return run_checks(plugins.preflight_checks(), ctx, stages=stages, on_line=on_line)
 
