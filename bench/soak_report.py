@@ -64,8 +64,8 @@ def _goal(value: Any, goal: Any) -> str:
 
 def _soak_rows(soak: dict[str, Any]) -> list[tuple[str, str, Any, str]]:
     area = (
-        f"Faults under load ({soak.get('agent')}, {soak.get('rollout_workers') or 0} rollout "
-        f"workers, {soak.get('wall_s')} s)"
+        f"Faults under load ({soak.get('agent')}, {soak.get('backend', 'local')} backend, "
+        f"{soak.get('rollout_workers') or 0} rollout workers, {soak.get('wall_s')} s)"
     )
     rows = [
         (area, "trials recorded", soak.get("trials_recorded"),
@@ -116,10 +116,13 @@ def render(soaks: list[dict[str, Any]], fuzz: dict[str, Any], dead: list[tuple[s
         "Figures of the reliability suite (faults under load, hostile proxy input, dead",
         "clients), from one run of each bench on the machine that wrote this page.",
         "",
-        "Soak (`bench/soak.py`): a real `slr run` in async mode (local backend, a tiny model,",
-        "two engine replicas and the trainer as Ray actors) while a seeded injector kills, one",
-        "fault at a time, engine replicas, rollout workers, running sandboxes and the",
-        "coordinator (then `slr run --resume`), and makes the run directory's disk full. Every",
+        "Soak (`bench/soak.py`): a real `slr run` in async mode (a tiny model, two engine",
+        "replicas and the trainer as Ray actors) while a seeded injector kills, one fault at a",
+        "time, engine replicas, rollout workers, running sandboxes and the coordinator (then",
+        "`slr run --resume`), makes the run directory's disk full, and (docker backend)",
+        "restarts the docker daemon: a private `dockerd` the bench starts for the soak (its own",
+        "socket, data root, exec root and bridge; the images copied in from the machine's",
+        "daemon), SIGTERMed and started again on the same data root. Every",
         "count is read from the run directory after the run (`bench/soak_audit.py`); time to",
         "recover is from the fault's end to the next completed trial recorded, or to the run",
         "finishing (in soaks written before that rule, a fault after the last trial shows as",
@@ -130,11 +133,12 @@ def render(soaks: list[dict[str, Any]], fuzz: dict[str, Any], dead: list[tuple[s
     ]
     for soak in soaks:
         lines.append(
-            f"- {soak.get('agent')}: concurrency {soak.get('concurrency')}, "
+            f"- {soak.get('agent')}, {soak.get('backend', 'local')} backend: "
+            f"concurrency {soak.get('concurrency')}, "
             f"{soak.get('rollout_workers') or 0} rollout workers, seed {soak.get('seed')}, "
             f"{sum(f['injected'] for f in soak.get('faults', {}).values())} faults, "
             f"run directory on a tmpfs: "
-            f"{soak.get('tmpfs')}"
+            f"{soak.get('tmpfs')}" + (f" ({soak['source']})" if soak.get("source") else "")
         )
     lines += [
         "",
@@ -145,13 +149,9 @@ def render(soaks: list[dict[str, Any]], fuzz: dict[str, Any], dead: list[tuple[s
         "| --- | --- | --- | --- |",
     ]
     lines += [f"| {a} | {f} | {v} | {n} |" for a, f, v, n in rows]
-    lines += [
-        "",
-        "Not injected: a docker daemon restart. The soak uses the local backend; a private",
-        "`dockerd` (own socket and data root) would first need a base image, and this machine",
-        "has no registry, so one would be built with debootstrap for every soak.",
-        "",
-    ]
+    if not any("docker-restart" in soak.get("faults", {}) for soak in soaks):
+        lines += ["", "Not injected: a docker daemon restart (`--backend docker`)."]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -118,6 +118,34 @@ def test_an_sdk_value_error_in_exec_is_a_sandbox_error(example_tasks):
     asyncio.run(go())
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_a_daemon_that_went_away_is_a_sandbox_error(example_tasks, tmp_path):
+    """A daemon restarted under a running trial: the SDK raises the transport's own error
+    (requests' ConnectionError), which the trial took for the agent's failure and scored.
+    The sandbox's client is pointed at a socket nobody listens on, which is what it meets
+    while the daemon is down."""
+    import docker
+
+    async def go():
+        backend = DockerBackend(DockerBackendConfig())
+        sb = await backend.start(example_tasks[0], trial_id="daemon-gone", labels={})
+        real_api = sb._api
+        try:
+            sb._api = docker.APIClient(
+                base_url=f"unix://{tmp_path}/docker.sock", version=real_api.api_version
+            )
+            with pytest.raises(SandboxError, match="did not answer exec_create"):
+                await sb.exec("true")
+            assert not await sb.healthy()
+        finally:
+            sb._api = real_api
+            await sb.stop()
+            await backend.close()
+
+    asyncio.run(go())
+
+
 def test_the_thread_pool_is_sized_to_the_runs_sandboxes():
     from slr.config import load_config
     from slr.plugins import get_plugin_manager

@@ -32,7 +32,8 @@ _KILL_TREE = (
 
 
 class DockerSandbox:
-    """``Sandbox`` backed by one container. Every daemon failure becomes ``SandboxError``.
+    """``Sandbox`` backed by one container. Every daemon failure becomes ``SandboxError``,
+    a daemon that stopped answering included (so the trial ends as an infrastructure failure).
 
     ``api`` is the SDK's low-level client and ``call`` runs a blocking function of it off the
     event loop (the backend's thread pool): all the sandbox needs of its backend.
@@ -76,6 +77,7 @@ class DockerSandbox:
 
     async def _call(self, fn, *args, **kwargs):
         import docker.errors
+        import requests.exceptions
 
         try:
             return await self._run(fn, *args, **kwargs)
@@ -83,6 +85,15 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self.id[:12]} is gone: {exc}") from exc
         except docker.errors.DockerException as exc:
             raise SandboxError(f"sandbox {self.id[:12]}: docker error: {exc}") from exc
+        except (requests.exceptions.RequestException, ConnectionError) as exc:
+            # The daemon went away (stopped, restarted, its socket closed mid-stream): the
+            # SDK lets the transport's error through, which the trial would otherwise take
+            # for the agent's own failure and score.
+            raise SandboxError(
+                f"sandbox {self.id[:12]}: the docker daemon at {self._api.base_url} did not "
+                f"answer {getattr(fn, '__name__', fn)!s} ({type(exc).__name__}: {exc}); "
+                f"check `docker info`"
+            ) from exc
         except ValueError as exc:
             # docker-py's stream reader raises a bare ValueError ("58 is not a valid stream")
             # when the daemon's multiplexed output is not what it expects: a broken
