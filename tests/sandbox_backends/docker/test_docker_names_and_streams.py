@@ -146,6 +146,27 @@ def test_a_daemon_that_went_away_is_a_sandbox_error(example_tasks, tmp_path):
     asyncio.run(go())
 
 
+@pytest.mark.timeout(30)
+def test_starting_a_sandbox_while_the_daemon_is_down_is_a_sandbox_error(example_tasks, tmp_path):
+    """Trials that start while the daemon restarts: the image lookup's transport error
+    becomes a ``SandboxError`` naming the daemon (no daemon needed: nothing listens)."""
+    import docker
+
+    async def go():
+        dead = f"unix://{tmp_path}/docker.sock"
+        backend = DockerBackend(DockerBackendConfig(base_url=dead))
+        # connected before the daemon went away (connecting now would fail at its ping)
+        backend._client = docker.DockerClient(base_url=dead, version="1.41")
+        try:
+            with pytest.raises(SandboxError, match="did not answer") as err:
+                await backend.start(example_tasks[0], trial_id="daemon-down", labels={})
+            assert str(tmp_path) in str(err.value)
+        finally:
+            await backend.close()
+
+    asyncio.run(go())
+
+
 def test_the_thread_pool_is_sized_to_the_runs_sandboxes():
     from slr.config import load_config
     from slr.plugins import get_plugin_manager

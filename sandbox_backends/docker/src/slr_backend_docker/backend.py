@@ -25,7 +25,7 @@ from slr.contracts import BrokenEnvironment, SandboxError
 from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, SANDBOX, TASK, trial_labels
 from slr_backend_docker import DockerBackendConfig
-from slr_backend_docker.client import connect
+from slr_backend_docker.client import connect, daemon_unreachable, transport_errors
 from slr_backend_docker.sandbox import DockerSandbox
 from slr_backend_docker.tags import image_tag
 
@@ -82,9 +82,15 @@ class DockerBackend:
         return self._client
 
     async def call(self, fn, *args, **kwargs):
-        """Run a blocking SDK call on the backend's threads."""
+        """Run a blocking SDK call on the backend's threads; a daemon that does not answer
+        is a ``SandboxError`` (an infrastructure failure, never the agent's)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        try:
+            return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        except transport_errors() as exc:
+            # the SDK's own base_url for a unix socket is "http+docker://localhost"
+            where = self.config.base_url or os.environ.get("DOCKER_HOST") or "the local socket"
+            raise daemon_unreachable(where, fn, exc) from exc
 
     # -- images --------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import structlog
 from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr.sandboxing.cpu import container_cgroup, read_cpu_s
+from slr_backend_docker.client import daemon_unreachable, transport_errors
 
 log = structlog.get_logger()
 
@@ -77,7 +78,6 @@ class DockerSandbox:
 
     async def _call(self, fn, *args, **kwargs):
         import docker.errors
-        import requests.exceptions
 
         try:
             return await self._run(fn, *args, **kwargs)
@@ -85,15 +85,11 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self.id[:12]} is gone: {exc}") from exc
         except docker.errors.DockerException as exc:
             raise SandboxError(f"sandbox {self.id[:12]}: docker error: {exc}") from exc
-        except (requests.exceptions.RequestException, ConnectionError) as exc:
+        except transport_errors() as exc:
             # The daemon went away (stopped, restarted, its socket closed mid-stream): the
             # SDK lets the transport's error through, which the trial would otherwise take
             # for the agent's own failure and score.
-            raise SandboxError(
-                f"sandbox {self.id[:12]}: the docker daemon at {self._api.base_url} did not "
-                f"answer {getattr(fn, '__name__', fn)!s} ({type(exc).__name__}: {exc}); "
-                f"check `docker info`"
-            ) from exc
+            raise daemon_unreachable(self._api.base_url, fn, exc) from exc
         except ValueError as exc:
             # docker-py's stream reader raises a bare ValueError ("58 is not a valid stream")
             # when the daemon's multiplexed output is not what it expects: a broken
