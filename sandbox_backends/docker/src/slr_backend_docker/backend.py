@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import os
 import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,12 @@ from slr.contracts import BrokenEnvironment, SandboxError
 from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, SANDBOX, TASK, trial_labels
 from slr_backend_docker import DockerBackendConfig
-from slr_backend_docker.client import connect, daemon_unreachable, transport_errors
+from slr_backend_docker.client import (
+    DaemonUnreachable,
+    connect,
+    daemon_unreachable,
+    transport_errors,
+)
 from slr_backend_docker.sandbox import DockerSandbox
 from slr_backend_docker.tags import image_tag
 
@@ -190,6 +196,39 @@ class DockerBackend:
         trial_id: str,
         labels: Mapping[str, str],
         mounts: Mapping[Path, str] | None = None,
+    ) -> DockerSandbox:
+        try:
+            return await self._start(task, trial_id=trial_id, labels=labels, mounts=mounts)
+        except DaemonUnreachable:
+            # A restarting daemon: without this wait every trial started during the outage
+            # fails at once, and the run burns through its tasks in seconds.
+            if not await self._daemon_back():
+                raise
+        return await self._start(task, trial_id=trial_id, labels=labels, mounts=mounts)
+
+    async def _daemon_back(self) -> bool:
+        """Wait up to ``daemon_wait_s`` for the daemon to answer a ping again."""
+        import docker.errors
+
+        deadline = time.monotonic() + self.config.daemon_wait_s
+        delay = 0.1
+        while time.monotonic() < deadline:
+            try:
+                await self.call(self.client.ping)
+                log.info("docker daemon answers again; starting the sandbox")
+                return True
+            except (SandboxError, docker.errors.DockerException):  # still starting up
+                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 2.0)
+        return False
+
+    async def _start(
+        self,
+        task: Any,
+        *,
+        trial_id: str,
+        labels: Mapping[str, str],
+        mounts: Mapping[Path, str] | None,
     ) -> DockerSandbox:
         await self.prepare(task)
         if self.config.socket_dir is None and not daemon_is_local(self.client.api.base_url):

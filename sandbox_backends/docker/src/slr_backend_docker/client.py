@@ -34,8 +34,12 @@ def transport_errors() -> tuple[type[BaseException], ...]:
     return (requests.exceptions.RequestException, ConnectionError)
 
 
-def daemon_unreachable(base_url: str, call: object, exc: BaseException) -> SandboxError:
-    return SandboxError(
+class DaemonUnreachable(SandboxError):
+    """The docker daemon did not answer at all (as opposed to answering with an error)."""
+
+
+def daemon_unreachable(base_url: str, call: object, exc: BaseException) -> DaemonUnreachable:
+    return DaemonUnreachable(
         f"the docker daemon at {base_url} did not answer {getattr(call, '__name__', call)!s} "
         f"({type(exc).__name__}: {exc}); check `docker info` (a daemon restart ends the "
         f"trials it ran as infrastructure failures)"
