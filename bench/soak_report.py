@@ -4,6 +4,13 @@ Three sources: a soak's JSON (``--soak-json``, or a soak run now with the given 
 proxy fuzz (``--fuzz-json``, or ``bench/proxy_fuzz.py --n N --json`` run now) and the
 dead-client tests (tests/reliability/test_dead_client.py, run now; each case asserts the
 engine stopped within one decode step of the client leaving, so its outcome is the figure).
+
+The JSON behind the page is kept in ``bench/results/`` (``soak-*.json``, ``proxy-fuzz.json``)
+so the page can be written again with one more soak without re-running the others:
+
+    .venv/bin/python bench/soak.py --report --fuzz-json bench/results/proxy-fuzz.json \
+        --soak-json bench/results/soak-mini-swe-agent.json --soak-json ... \
+        --soak-json bench/results/soak-docker-restart.json
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ def _real_daemon_socket() -> str:
 
 @pytest.mark.docker
 @pytest.mark.timeout(60)
-def test_a_start_waits_for_a_restarting_daemon(example_tasks, tmp_path):
+@pytest.mark.parametrize("first", ["prepare", "start"])
+def test_a_start_waits_for_a_restarting_daemon(example_tasks, tmp_path, first):
     """Trials started while the daemon restarts wait for it (``daemon_wait_s``) instead of
     all failing at once, which let a run burn through its tasks during a 12 s restart.
     The daemon "comes back" when its socket appears: a link to the real daemon's, made
@@ -204,6 +205,8 @@ def test_a_start_waits_for_a_restarting_daemon(example_tasks, tmp_path):
 
         backend.call = call
         try:
+            if first == "prepare":  # what a trial does first
+                await backend.prepare(example_tasks[0])
             sb = await backend.start(example_tasks[0], trial_id="waited", labels={})
             try:
                 assert (await sb.exec("echo back")).stdout.strip() == "back"

@@ -15,9 +15,9 @@ import concurrent.futures
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import structlog
@@ -36,6 +36,7 @@ from slr_backend_docker.sandbox import DockerSandbox
 from slr_backend_docker.tags import image_tag
 
 log = structlog.get_logger()
+T = TypeVar("T")
 
 # An image's label (not a sandbox's): the environment content hash it was built from.
 LABEL_HASH = "slr.content_hash"
@@ -105,6 +106,9 @@ class DockerBackend:
 
     async def prepare(self, task: Any) -> None:
         """Build the task's image unless an image with its content hash exists."""
+        await self._when_daemon_answers(lambda: self._prepare(task))
+
+    async def _prepare(self, task: Any) -> None:
         tag = self.image_tag(task)
         if tag in self._build_failures:
             raise self._build_failures[tag]
@@ -197,14 +201,21 @@ class DockerBackend:
         labels: Mapping[str, str],
         mounts: Mapping[Path, str] | None = None,
     ) -> DockerSandbox:
+        return await self._when_daemon_answers(
+            lambda: self._start(task, trial_id=trial_id, labels=labels, mounts=mounts)
+        )
+
+    async def _when_daemon_answers(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``; if the daemon did not answer, once more when it answers again.
+
+        A restarting daemon: without this wait every trial started during the outage fails
+        at once, and the run burns through its tasks in seconds."""
         try:
-            return await self._start(task, trial_id=trial_id, labels=labels, mounts=mounts)
+            return await attempt()
         except DaemonUnreachable:
-            # A restarting daemon: without this wait every trial started during the outage
-            # fails at once, and the run burns through its tasks in seconds.
             if not await self._daemon_back():
                 raise
-        return await self._start(task, trial_id=trial_id, labels=labels, mounts=mounts)
+        return await attempt()
 
     async def _daemon_back(self) -> bool:
         """Wait up to ``daemon_wait_s`` for the daemon to answer a ping again."""
@@ -230,7 +241,7 @@ class DockerBackend:
         labels: Mapping[str, str],
         mounts: Mapping[Path, str] | None,
     ) -> DockerSandbox:
-        await self.prepare(task)
+        await self._prepare(task)
         if self.config.socket_dir is None and not daemon_is_local(self.client.api.base_url):
             raise SandboxError(
                 f"the docker daemon at {self.client.api.base_url} is not on this machine, so it "
