@@ -20,12 +20,15 @@ each recovery time is that fault's own. The kinds (``--faults``) take turns in r
 - ``coordinator``: SIGKILL ``slr run`` with everything it started, then
   ``slr run --resume``;
 - ``disk``: the run directory's filesystem full for ``--disk-hold`` seconds (the tmpfs
-  shrunk to what it holds), then grown back.
+  shrunk to what it holds), then grown back;
+- ``docker-restart`` (``--backend docker``): SIGTERM the docker daemon, wait for it to
+  exit, start it again on the same data root. The daemon is a private one the bench starts
+  for the soak (``private_dockerd``: its own socket, data root, exec root and bridge), with
+  the base image copied in from the machine's daemon; the machine's daemon is never stopped.
 
-Every process the bench kills is one it started (a descendant of its ``slr run``); the
-tmpfs is its own. Docker daemon restarts are not injected: the run uses the local backend
-(this machine has no container registry, so a private ``dockerd`` would first need a base
-image built with debootstrap; see docs/reliability.md).
+Every process the bench kills is one it started (a descendant of its ``slr run``, or its
+private ``dockerd``); the tmpfs is its own. ``sandbox`` kills a bubblewrap process, so it
+needs the local backend.
 
 Figures are counted from the run directory after the run (``soak_audit``): trials
 recorded, completed, infrastructure failures, lost (goal 0), counted twice (goal 0), steps
@@ -53,11 +56,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from private_dockerd import PrivateDockerd
 from soak_audit import audit, first_progress_after
 
 ROOT = Path(__file__).resolve().parents[1]
 SLR = str(Path(sys.executable).with_name("slr"))
-KINDS = ("engine", "worker", "sandbox", "coordinator", "disk")
+KINDS = ("engine", "worker", "sandbox", "coordinator", "disk", "docker-restart")
+#: Kinds that need the docker backend, and those that need the local one.
+DOCKER_ONLY, LOCAL_ONLY = {"docker-restart"}, {"sandbox"}
 TASKS = ["hello-world", "make-directory"]
 #: How long a kill waits for its kind of process to exist (a sandbox command, a replica).
 VICTIM_WAIT_S = 60.0
@@ -107,7 +113,9 @@ def _kill(pid: int) -> bool:
 # -- the run ---------------------------------------------------------------------------------
 
 
-def config_toml(args: argparse.Namespace, model: Path, runs: Path) -> str:
+def config_toml(
+    args: argparse.Namespace, model: Path, runs: Path, dockerd_url: str | None = None
+) -> str:
     import tomli_w
 
     per_step = args.tasks_per_step * args.n_per_task
@@ -132,7 +140,9 @@ def config_toml(args: argparse.Namespace, model: Path, runs: Path) -> str:
             "max_staleness": 1,
         },
         "agent": {"name": args.agent},
-        "backend": {"name": "local"},
+        "backend": {"name": "local"}
+        if dockerd_url is None
+        else {"name": "docker", "base_url": dockerd_url},
         "engine": {"name": "hf", "model": str(model), "threads": 1},
         "optimizer": {"name": "torch"},
     }
@@ -170,8 +180,17 @@ def small_disk(path: Path, mb: int) -> Iterator[bool]:
 class Soak:
     """One soak: the run, the injector, the faults it injected (with wall times)."""
 
-    def __init__(self, args: argparse.Namespace, work: Path, runs: Path, *, tmpfs: bool) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        work: Path,
+        runs: Path,
+        *,
+        tmpfs: bool,
+        dockerd: PrivateDockerd | None = None,
+    ) -> None:
         self.args, self.work, self.runs, self.tmpfs = args, work, runs, tmpfs
+        self.dockerd = dockerd
         self.rng = random.Random(args.seed)
         self.faults: list[dict[str, Any]] = []
         self.crashes: list[dict[str, Any]] = []  # the run stopped without being killed
@@ -258,6 +277,13 @@ class Soak:
             time.sleep(self.args.disk_hold)  # the fault's length, whatever the run does
             _remount(self.runs, self.args.disk_mb << 20)
             return {"kind": kind, "at": full_at, "end": time.time(), "held_s": self.args.disk_hold}
+        if kind == "docker-restart":
+            if self.dockerd is None:
+                return None
+            # SIGTERM, wait for the exit, start again on the same data root: the fault lasts
+            # until the daemon answers again
+            self.dockerd.restart()
+            return {"kind": kind, "at": t0, "end": time.time()}
         raise ValueError(kind)
 
     def _wait(self, seconds: float) -> None:
@@ -370,6 +396,7 @@ def figures(soak: Soak, wall_s: float) -> dict[str, Any]:
         "duration_s": soak.args.duration,
         "seed": soak.args.seed,
         "agent": soak.args.agent,
+        "backend": soak.args.backend,
         "concurrency": soak.args.concurrency,
         "rollout_workers": soak.args.workers,
         "trials_asked": soak.args.trials,
@@ -406,10 +433,18 @@ def run_soak(args: argparse.Namespace) -> dict[str, Any]:
         model, tok = tiny.tiny_model(hidden=32, layers=1)
         model_dir = tiny.save(model, tok, work / "tiny")
         runs = work / "runs"
-        with small_disk(runs, args.disk_mb) as tmpfs:
+        with contextlib.ExitStack() as stack:
+            dockerd = None
+            if args.backend == "docker":
+                from slr_backend_docker.base_image import BASE_TAG
+
+                # the restart fault's daemon: the bench's own, never the machine's
+                dockerd = stack.enter_context(PrivateDockerd())
+                dockerd.copy_images([BASE_TAG])
+            tmpfs = stack.enter_context(small_disk(runs, args.disk_mb))
             config = work / "soak.toml"
-            config.write_text(config_toml(args, model_dir, runs))
-            soak = Soak(args, work, runs, tmpfs=tmpfs)
+            config.write_text(config_toml(args, model_dir, runs, dockerd and dockerd.url))
+            soak = Soak(args, work, runs, tmpfs=tmpfs, dockerd=dockerd)
             try:
                 wall = soak.drive(config)
             finally:
@@ -434,6 +469,8 @@ def parser() -> argparse.ArgumentParser:
                     help=f"comma-separated kinds of {KINDS}")  # fmt: skip
     ap.add_argument("--workers", type=int, default=0, help="rollout workers (Ray actors)")
     ap.add_argument("--agent", choices=["mini-swe-agent", "oracle"], default="mini-swe-agent")
+    ap.add_argument("--backend", choices=["local", "docker"], default="local",
+                    help="docker: on a private dockerd the bench starts (docker-restart)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--disk-mb", type=int, default=4096, help="size of the run dir's tmpfs")
     ap.add_argument("--disk-hold", type=float, default=8.0, help="seconds the disk stays full")
@@ -477,6 +514,12 @@ def main() -> None:
     unknown = sorted(set(args.faults) - set(KINDS))
     if unknown:
         sys.exit(f"--faults: unknown kind(s) {unknown}; choose from {', '.join(KINDS)}")
+    wrong = sorted(set(args.faults) & (LOCAL_ONLY if args.backend == "docker" else DOCKER_ONLY))
+    if wrong and not args.report:
+        sys.exit(
+            f"--faults: {wrong} cannot be injected with --backend {args.backend}; "
+            f"use --backend {'local' if args.backend == 'docker' else 'docker'} for them"
+        )
     if args.report:
         from soak_report import write_report
 

@@ -4,6 +4,13 @@ Three sources: a soak's JSON (``--soak-json``, or a soak run now with the given 
 proxy fuzz (``--fuzz-json``, or ``bench/proxy_fuzz.py --n N --json`` run now) and the
 dead-client tests (tests/reliability/test_dead_client.py, run now; each case asserts the
 engine stopped within one decode step of the client leaving, so its outcome is the figure).
+
+The JSON behind the page is kept in ``bench/results/`` (``soak-*.json``, ``proxy-fuzz.json``)
+so the page can be written again with one more soak without re-running the others:
+
+    .venv/bin/python bench/soak.py --report --fuzz-json bench/results/proxy-fuzz.json \
+        --soak-json bench/results/soak-mini-swe-agent.json --soak-json ... \
+        --soak-json bench/results/soak-docker-restart.json
 """
 
 from __future__ import annotations
@@ -64,8 +71,8 @@ def _goal(value: Any, goal: Any) -> str:
 
 def _soak_rows(soak: dict[str, Any]) -> list[tuple[str, str, Any, str]]:
     area = (
-        f"Faults under load ({soak.get('agent')}, {soak.get('rollout_workers') or 0} rollout "
-        f"workers, {soak.get('wall_s')} s)"
+        f"Faults under load ({soak.get('agent')}, {soak.get('backend', 'local')} backend, "
+        f"{soak.get('rollout_workers') or 0} rollout workers, {soak.get('wall_s')} s)"
     )
     rows = [
         (area, "trials recorded", soak.get("trials_recorded"),
@@ -116,10 +123,13 @@ def render(soaks: list[dict[str, Any]], fuzz: dict[str, Any], dead: list[tuple[s
         "Figures of the reliability suite (faults under load, hostile proxy input, dead",
         "clients), from one run of each bench on the machine that wrote this page.",
         "",
-        "Soak (`bench/soak.py`): a real `slr run` in async mode (local backend, a tiny model,",
-        "two engine replicas and the trainer as Ray actors) while a seeded injector kills, one",
-        "fault at a time, engine replicas, rollout workers, running sandboxes and the",
-        "coordinator (then `slr run --resume`), and makes the run directory's disk full. Every",
+        "Soak (`bench/soak.py`): a real `slr run` in async mode (a tiny model, two engine",
+        "replicas and the trainer as Ray actors) while a seeded injector kills, one fault at a",
+        "time, engine replicas, rollout workers, running sandboxes and the coordinator (then",
+        "`slr run --resume`), makes the run directory's disk full, and (docker backend)",
+        "restarts the docker daemon: a private `dockerd` the bench starts for the soak (its own",
+        "socket, data root, exec root and bridge; the images copied in from the machine's",
+        "daemon), SIGTERMed and started again on the same data root. Every",
         "count is read from the run directory after the run (`bench/soak_audit.py`); time to",
         "recover is from the fault's end to the next completed trial recorded, or to the run",
         "finishing (in soaks written before that rule, a fault after the last trial shows as",
@@ -130,11 +140,12 @@ def render(soaks: list[dict[str, Any]], fuzz: dict[str, Any], dead: list[tuple[s
     ]
     for soak in soaks:
         lines.append(
-            f"- {soak.get('agent')}: concurrency {soak.get('concurrency')}, "
+            f"- {soak.get('agent')}, {soak.get('backend', 'local')} backend: "
+            f"concurrency {soak.get('concurrency')}, "
             f"{soak.get('rollout_workers') or 0} rollout workers, seed {soak.get('seed')}, "
             f"{sum(f['injected'] for f in soak.get('faults', {}).values())} faults, "
             f"run directory on a tmpfs: "
-            f"{soak.get('tmpfs')}"
+            f"{soak.get('tmpfs')}" + (f" ({soak['source']})" if soak.get("source") else "")
         )
     lines += [
         "",
@@ -145,13 +156,9 @@ def render(soaks: list[dict[str, Any]], fuzz: dict[str, Any], dead: list[tuple[s
         "| --- | --- | --- | --- |",
     ]
     lines += [f"| {a} | {f} | {v} | {n} |" for a, f, v, n in rows]
-    lines += [
-        "",
-        "Not injected: a docker daemon restart. The soak uses the local backend; a private",
-        "`dockerd` (own socket and data root) would first need a base image, and this machine",
-        "has no registry, so one would be built with debootstrap for every soak.",
-        "",
-    ]
+    if not any("docker-restart" in soak.get("faults", {}) for soak in soaks):
+        lines += ["", "Not injected: a docker daemon restart (`--backend docker`)."]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -118,6 +118,107 @@ def test_an_sdk_value_error_in_exec_is_a_sandbox_error(example_tasks):
     asyncio.run(go())
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_a_daemon_that_went_away_is_a_sandbox_error(example_tasks, tmp_path):
+    """A daemon restarted under a running trial: the SDK raises the transport's own error
+    (requests' ConnectionError), which the trial took for the agent's failure and scored.
+    The sandbox's client is pointed at a socket nobody listens on, which is what it meets
+    while the daemon is down."""
+    import docker
+
+    async def go():
+        backend = DockerBackend(DockerBackendConfig())
+        sb = await backend.start(example_tasks[0], trial_id="daemon-gone", labels={})
+        real_api = sb._api
+        try:
+            sb._api = docker.APIClient(
+                base_url=f"unix://{tmp_path}/docker.sock", version=real_api.api_version
+            )
+            with pytest.raises(SandboxError, match="did not answer exec_create"):
+                await sb.exec("true")
+            assert not await sb.healthy()
+        finally:
+            sb._api = real_api
+            await sb.stop()
+            await backend.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.timeout(30)
+def test_starting_a_sandbox_while_the_daemon_is_down_is_a_sandbox_error(example_tasks, tmp_path):
+    """Trials that start while the daemon restarts: the image lookup's transport error
+    becomes a ``SandboxError`` naming the daemon (no daemon needed: nothing listens), at
+    once with ``daemon_wait_s = 0``."""
+    import docker
+
+    async def go():
+        dead = f"unix://{tmp_path}/docker.sock"
+        backend = DockerBackend(DockerBackendConfig(base_url=dead, daemon_wait_s=0))
+        # connected before the daemon went away (connecting now would fail at its ping)
+        backend._client = docker.DockerClient(base_url=dead, version="1.41")
+        try:
+            with pytest.raises(SandboxError, match="did not answer") as err:
+                await backend.start(example_tasks[0], trial_id="daemon-down", labels={})
+            assert str(tmp_path) in str(err.value)
+        finally:
+            await backend.close()
+
+    asyncio.run(go())
+
+
+def _real_daemon_socket() -> str:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        pytest.skip(f"needs the daemon on a unix socket here, not {host}")
+    return host.removeprefix("unix://")
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("first", ["prepare", "start"])
+def test_a_start_waits_for_a_restarting_daemon(example_tasks, tmp_path, first):
+    """Trials started while the daemon restarts wait for it (``daemon_wait_s``) instead of
+    all failing at once, which let a run burn through its tasks during a 12 s restart.
+    The daemon "comes back" when its socket appears: a link to the real daemon's, made
+    right after the backend's first call found it unreachable."""
+    import docker
+
+    sock = tmp_path / "docker.sock"
+    url = f"unix://{sock}"
+
+    async def go():
+        backend = DockerBackend(DockerBackendConfig(base_url=url, daemon_wait_s=60))
+        backend._client = docker.DockerClient(base_url=url, version="1.41")
+        failed = []
+        real_call = backend.call
+
+        async def call(fn, *args, **kwargs):
+            try:
+                return await real_call(fn, *args, **kwargs)
+            except SandboxError:
+                if not sock.exists():  # the first call that found the daemon gone
+                    failed.append(fn.__name__)
+                    sock.symlink_to(_real_daemon_socket())
+                raise
+
+        backend.call = call
+        try:
+            if first == "prepare":  # what a trial does first
+                await backend.prepare(example_tasks[0])
+            sb = await backend.start(example_tasks[0], trial_id="waited", labels={})
+            try:
+                assert (await sb.exec("echo back")).stdout.strip() == "back"
+            finally:
+                await sb.stop()
+        finally:
+            await backend.close()
+        assert failed == ["_image_exists"]
+
+    asyncio.run(go())
+
+
 def test_the_thread_pool_is_sized_to_the_runs_sandboxes():
     from slr.config import load_config
     from slr.plugins import get_plugin_manager

@@ -21,6 +21,11 @@ class DockerBackendConfig:
     open_files: int = option(
         4096, doc="Most files one process of a sandbox may hold open (its nofile ulimit)."
     )
+    daemon_wait_s: float = option(
+        120.0,
+        doc="How long a sandbox start waits for a docker daemon that does not answer "
+        "(restarting) to come back before the trial fails as sandbox_error; 0: no wait.",
+    )
     socket_dir: str | None = option(
         None,
         doc="Host folder for the per-trial proxy sockets (must be visible to the daemon); "

@@ -14,9 +14,10 @@ import asyncio
 import concurrent.futures
 import os
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import structlog
@@ -25,11 +26,17 @@ from slr.contracts import BrokenEnvironment, SandboxError
 from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, SANDBOX, TASK, trial_labels
 from slr_backend_docker import DockerBackendConfig
-from slr_backend_docker.client import connect
+from slr_backend_docker.client import (
+    DaemonUnreachable,
+    connect,
+    daemon_unreachable,
+    transport_errors,
+)
 from slr_backend_docker.sandbox import DockerSandbox
 from slr_backend_docker.tags import image_tag
 
 log = structlog.get_logger()
+T = TypeVar("T")
 
 # An image's label (not a sandbox's): the environment content hash it was built from.
 LABEL_HASH = "slr.content_hash"
@@ -82,9 +89,15 @@ class DockerBackend:
         return self._client
 
     async def call(self, fn, *args, **kwargs):
-        """Run a blocking SDK call on the backend's threads."""
+        """Run a blocking SDK call on the backend's threads; a daemon that does not answer
+        is a ``SandboxError`` (an infrastructure failure, never the agent's)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        try:
+            return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        except transport_errors() as exc:
+            # the SDK's own base_url for a unix socket is "http+docker://localhost"
+            where = self.config.base_url or os.environ.get("DOCKER_HOST") or "the local socket"
+            raise daemon_unreachable(where, fn, exc) from exc
 
     # -- images --------------------------------------------------------------------------
 
@@ -93,6 +106,9 @@ class DockerBackend:
 
     async def prepare(self, task: Any) -> None:
         """Build the task's image unless an image with its content hash exists."""
+        await self._when_daemon_answers(lambda: self._prepare(task))
+
+    async def _prepare(self, task: Any) -> None:
         tag = self.image_tag(task)
         if tag in self._build_failures:
             raise self._build_failures[tag]
@@ -185,7 +201,47 @@ class DockerBackend:
         labels: Mapping[str, str],
         mounts: Mapping[Path, str] | None = None,
     ) -> DockerSandbox:
-        await self.prepare(task)
+        return await self._when_daemon_answers(
+            lambda: self._start(task, trial_id=trial_id, labels=labels, mounts=mounts)
+        )
+
+    async def _when_daemon_answers(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``; if the daemon did not answer, once more when it answers again.
+
+        A restarting daemon: without this wait every trial started during the outage fails
+        at once, and the run burns through its tasks in seconds."""
+        try:
+            return await attempt()
+        except DaemonUnreachable:
+            if not await self._daemon_back():
+                raise
+        return await attempt()
+
+    async def _daemon_back(self) -> bool:
+        """Wait up to ``daemon_wait_s`` for the daemon to answer a ping again."""
+        import docker.errors
+
+        deadline = time.monotonic() + self.config.daemon_wait_s
+        delay = 0.1
+        while time.monotonic() < deadline:
+            try:
+                await self.call(self.client.ping)
+                log.info("docker daemon answers again; starting the sandbox")
+                return True
+            except (SandboxError, docker.errors.DockerException):  # still starting up
+                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 2.0)
+        return False
+
+    async def _start(
+        self,
+        task: Any,
+        *,
+        trial_id: str,
+        labels: Mapping[str, str],
+        mounts: Mapping[Path, str] | None,
+    ) -> DockerSandbox:
+        await self._prepare(task)
         if self.config.socket_dir is None and not daemon_is_local(self.client.api.base_url):
             raise SandboxError(
                 f"the docker daemon at {self.client.api.base_url} is not on this machine, so it "

@@ -24,3 +24,23 @@ def connect(base_url: str | None = None, *, timeout: float = 120.0):
             f"and check `docker info`, or use --backend local"
         ) from exc
     return client
+
+
+def transport_errors() -> tuple[type[BaseException], ...]:
+    """What the SDK lets through when the daemon stops answering (stopped, restarting, its
+    socket closed mid-stream): the transport's own errors, which are no ``DockerException``."""
+    import requests.exceptions
+
+    return (requests.exceptions.RequestException, ConnectionError)
+
+
+class DaemonUnreachable(SandboxError):
+    """The docker daemon did not answer at all (as opposed to answering with an error)."""
+
+
+def daemon_unreachable(base_url: str, call: object, exc: BaseException) -> DaemonUnreachable:
+    return DaemonUnreachable(
+        f"the docker daemon at {base_url} did not answer {getattr(call, '__name__', call)!s} "
+        f"({type(exc).__name__}: {exc}); check `docker info` (a daemon restart ends the "
+        f"trials it ran as infrastructure failures)"
+    )

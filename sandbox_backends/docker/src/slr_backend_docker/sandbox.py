@@ -18,6 +18,7 @@ import structlog
 from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr.sandboxing.cpu import container_cgroup, read_cpu_s
+from slr_backend_docker.client import daemon_unreachable, transport_errors
 
 log = structlog.get_logger()
 
@@ -32,7 +33,8 @@ _KILL_TREE = (
 
 
 class DockerSandbox:
-    """``Sandbox`` backed by one container. Every daemon failure becomes ``SandboxError``.
+    """``Sandbox`` backed by one container. Every daemon failure becomes ``SandboxError``,
+    a daemon that stopped answering included (so the trial ends as an infrastructure failure).
 
     ``api`` is the SDK's low-level client and ``call`` runs a blocking function of it off the
     event loop (the backend's thread pool): all the sandbox needs of its backend.
@@ -83,6 +85,11 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self.id[:12]} is gone: {exc}") from exc
         except docker.errors.DockerException as exc:
             raise SandboxError(f"sandbox {self.id[:12]}: docker error: {exc}") from exc
+        except transport_errors() as exc:
+            # The daemon went away (stopped, restarted, its socket closed mid-stream): the
+            # SDK lets the transport's error through, which the trial would otherwise take
+            # for the agent's own failure and score.
+            raise daemon_unreachable(self._api.base_url, fn, exc) from exc
         except ValueError as exc:
             # docker-py's stream reader raises a bare ValueError ("58 is not a valid stream")
             # when the daemon's multiplexed output is not what it expects: a broken
