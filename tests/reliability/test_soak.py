@@ -50,6 +50,7 @@ def test_killing_an_engine_replica_and_a_sandbox_mid_run_loses_nothing():
     assert out["counted_twice"] == 0
     assert out["steps_trained_on_infra"] == 0
     assert out["corrupt_records"] == 0
-    # the killed sandbox's trial is an infrastructure failure, not a scored failure
-    assert out["terminations"].get("sandbox_error", 0) >= 1, out["terminations"]
+    # a killed sandbox's trial is an infrastructure failure, never a scored one (the kill may
+    # also land as a command ends, when nothing fails: the local backend's own test,
+    # test_local_killed_from_outside.py, pins the sandbox_error deterministically)
     assert out["other_failures"] == 0, out["terminations"]
