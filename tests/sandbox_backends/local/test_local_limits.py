@@ -36,7 +36,7 @@ def _probe(tmp_path, limits: str, **kw) -> tuple[dict[str, str], LocalBackend]:
             **kw,
         )
     )
-    task = load_task(EXAMPLES / "hello-world")  # memory_mb = 512, storage_mb = 1024
+    task = load_task(EXAMPLES / "hello-world")  # memory_mb = 2048, storage_mb = 1024
 
     async def go():
         sb = await backend.start(task, trial_id="limits", labels={})
@@ -58,7 +58,7 @@ def test_rlimits_only(tmp_path):
     f, _ = _probe(tmp_path, "rlimits", open_files=321)
     assert f["nofile"] == "321"
     assert f["fsize"] == str(1024 * 1024)  # storage_mb, in bash's 1024-byte blocks
-    assert f["as"] == str(512 * 1024 * ADDRESS_SPACE_FACTOR)  # no memory group: kB
+    assert f["as"] == str(2048 * 1024 * ADDRESS_SPACE_FACTOR)  # no memory group: kB
     assert "slr-limits" not in f.get("pids", "") + f.get("memory", "")
 
 
@@ -68,6 +68,43 @@ def test_auto_uses_control_groups_where_writable(tmp_path):
         pytest.skip("no writable pids hierarchy on this machine")  # pragma: no cover
     assert "slr-limits" in f["pids"] and "slr-limits" in f["memory"], f
     assert f["as"] == "unlimited"  # the memory group bounds memory; no address-space cap
+
+
+def test_a_command_killed_by_the_memory_limit_says_so(tmp_path):
+    """Exit status 137 alone reads like any kill (a timeout, a stop): the command's stderr
+    names the memory limit and the task setting that raises it."""
+    if (
+        not Path("/sys/fs/cgroup/memory/cgroup.procs").exists()
+        and not Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    ):
+        pytest.skip("no memory control group on this machine")  # pragma: no cover
+    task_dir = tmp_path / "small"
+    shutil.copytree(EXAMPLES / "hello-world", task_dir)
+    toml = task_dir / "task.toml"
+    toml.write_text(toml.read_text().replace("memory_mb = 2048", "memory_mb = 64"))
+    backend = LocalBackend(
+        LocalBackendConfig(
+            isolation="bubblewrap",
+            workspace_dir=str(tmp_path / "ws"),
+            cache_dir=str(tmp_path / "cache"),
+            limits="auto",
+        )
+    )
+    hog = "python3 -c 'x = [bytearray(16 << 20) for _ in range(32)]'"
+
+    async def go():
+        sb = await backend.start(load_task(task_dir), trial_id="oom", labels={})
+        try:
+            if sb.limits is None or not sb.limits.groups.memory:
+                pytest.skip("no memory group could be made here")  # pragma: no cover
+            return await sb.exec(hog), await sb.exec("echo fine")
+        finally:
+            await sb.stop()
+
+    killed, after = asyncio.run(go())
+    assert killed.exit_code != 0, killed
+    assert "memory limit (64 MB" in killed.stderr and "memory_mb" in killed.stderr
+    assert after.exit_code == 0 and "memory limit" not in after.stderr
 
 
 def test_off_sets_nothing(tmp_path):

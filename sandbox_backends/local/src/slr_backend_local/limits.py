@@ -114,6 +114,22 @@ class LimitGroups:
         )
         return ["/bin/sh", "-c", script, "sh", *(str(f / "cgroup.procs") for f in self.folders)]
 
+    def oom_kills(self) -> int:
+        """How many processes the kernel has killed for this sandbox's memory limit so far
+        (``oom_kill`` in v2's ``memory.events``, v1's ``memory.oom_control``); 0 without a
+        memory group or where the kernel does not count them."""
+        if not self.memory:
+            return 0
+        total = 0
+        for folder in self.folders:
+            for name in ("memory.events", "memory.oom_control"):
+                with contextlib.suppress(OSError, ValueError):
+                    for line in (folder / name).read_text().splitlines():
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill":
+                            total += int(value)
+        return total
+
     def remove(self) -> None:
         """Remove the groups (their processes must be gone; a miss goes at the next start)."""
         for folder in self.folders:
@@ -214,6 +230,22 @@ class SandboxLimits:
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
         return [*self.groups.join_argv(), *self._rlimits, *argv]
+
+    def oom_kills(self) -> int:
+        return self.groups.oom_kills()
+
+    def oom_message(self, before: int) -> str:
+        """A line for a command's stderr when the memory limit killed something since
+        ``before`` (an earlier ``oom_kills()``); ``""`` otherwise. Without it a command
+        killed this way shows only exit status 137, which reads like any other kill."""
+        killed = self.oom_kills() - before
+        if killed <= 0:
+            return ""
+        return (
+            f"slr: the sandbox reached its memory limit ({self.limits.memory_mb} MB, the "
+            f"task's [environment] memory_mb) and the kernel killed {killed} process(es); "
+            "raise memory_mb in the task's task.toml if the agent or its tests need more\n"
+        )
 
     def remove(self) -> None:
         self.groups.remove()

@@ -155,6 +155,7 @@ class LocalSandbox:
     ) -> ExecResult:
         global _warned_user
         self._check()
+        oom_before = 0
         if user not in (None, "root", "0") and not _warned_user:
             _warned_user = True
             log.warning("local backend runs every command as the invoking user", asked=user)
@@ -186,6 +187,7 @@ class LocalSandbox:
             )
             if self.limits is not None:
                 argv = self.limits.wrap(argv)
+                oom_before = self.limits.oom_kills()
             proc_env = dict(BASE_ENV)
             host_cwd = None
         else:
@@ -224,11 +226,14 @@ class LocalSandbox:
                 f"sandbox {self.id}: its bubblewrap process was killed by signal {-code} "
                 f"from outside the sandbox"
             )
+        stderr = err.decode(errors="replace")
+        if self.limits is not None:
+            stderr += self.limits.oom_message(oom_before)
         return ExecResult(
             # A signal shows as 128 + its number, as in a shell (asyncio gives -signum).
             exit_code=137 if code is None else (128 - code if code < 0 else code),
             stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
+            stderr=stderr,
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
         )
