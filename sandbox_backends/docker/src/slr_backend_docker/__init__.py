@@ -26,6 +26,12 @@ class DockerBackendConfig:
         doc="How long a sandbox start waits for a docker daemon that does not answer "
         "(restarting) to come back before the trial fails as sandbox_error; 0: no wait.",
     )
+    registry: str = option(
+        "",
+        doc="Registry prefix shared by machines that build task images (e.g. "
+        "'registry.example.com:5000/slr'): a missing image is pulled from "
+        "<registry>/<tag> before it is built, and one built here is pushed there. '' = none.",
+    )
     socket_dir: str | None = option(
         None,
         doc="Host folder for the per-trial proxy sockets (must be visible to the daemon); "
