@@ -32,6 +32,7 @@ from slr_backend_docker.backend import DockerBackend
 from slr_backend_docker.base_image import BASE_TAG
 from slr_backend_docker.builds import build_images, summary
 
+from slr import log
 from slr.tasks import load_tasks
 
 
@@ -78,6 +79,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
+    log.configure(level="warning")  # stdout is the table and the JSON object only
     ns = f"bench-img-{uuid.uuid4().hex[:6]}"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,16 +3,14 @@
 Tiny task images FROM the base image, under a prefix of this test's own (so nothing another
 process built is ever pruned), removed at the end by their labels. The registry is Debian's
 `docker-registry` (the distribution registry), started here on a free loopback port with its
-own storage folder; the daemon trusts 127.0.0.0/8 registries over plain http by default.
+own storage folder (the `registry` fixture, tests/sandbox_backends/conftest.py); the daemon
+trusts 127.0.0.0/8 registries over plain http by default.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import socket
-import subprocess
 import urllib.request
 import uuid
 from datetime import timedelta
@@ -146,40 +144,6 @@ def test_jobs_bounds_how_many_builds_run_at_once(client, ns, tmp_path):
     events.clear()
     warm = asyncio.run(run(3))  # all three admitted before the first finishes
     assert events[:3] == ["start"] * 3 and [r.status for r in warm] == ["cached"] * 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def registry(tmp_path):
-    """Debian's docker-registry on a free loopback port with its own storage; stopped after."""
-    exe = shutil.which("docker-registry")
-    assert exe, "install Debian's docker-registry package (scripts/test does)"
-    port = free_port()
-    config = tmp_path / "registry.yml"
-    config.write_text(
-        "version: 0.1\nlog:\n  level: info\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'storage'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
-    )
-    proc = subprocess.Popen(
-        [exe, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:  # ready once it says it listens
-            if "listening on" in line:
-                break
-        else:
-            pytest.fail(f"docker-registry exited ({proc.wait()}) before listening")
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_push_to_a_registry_and_another_machine_pulls_instead_of_building(
