@@ -25,13 +25,14 @@ import structlog
 from slr.contracts import BrokenEnvironment, SandboxError
 from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, SANDBOX, trial_labels
-from slr_backend_docker import DockerBackendConfig, registry
+from slr_backend_docker import registry
 from slr_backend_docker.client import (
     DaemonUnreachable,
     connect,
     daemon_unreachable,
     transport_errors,
 )
+from slr_backend_docker.config import DockerBackendConfig
 from slr_backend_docker.sandbox import DockerSandbox
 from slr_backend_docker.tags import image_tag, task_image_labels
 

@@ -81,9 +81,9 @@ def build(paths, jobs, log_dir, push, prefix, docker_url, as_json) -> None:
     Dockerfile, `cached` found the tag, `failed` wrote the build log into --logs. Exits 1
     when any build failed.
     """
-    from slr_backend_docker import DockerBackendConfig
     from slr_backend_docker.backend import DockerBackend
     from slr_backend_docker.builds import summary
+    from slr_backend_docker.config import DockerBackendConfig
 
     if jobs < 1:
         raise click.BadParameter(f"must be at least 1, not {jobs}", param_hint="--jobs")
