@@ -236,3 +236,10 @@ def _dockerfile(text: str):
 def test_prune_needs_task_sets_or_an_age():
     res = CliRunner().invoke(images, ["prune"])
     assert res.exit_code == 2 and "--older-than" in res.output
+
+
+def test_a_url_is_not_a_registry_prefix(tmp_path):
+    with pytest.raises(ValueError, match="without http://"):
+        DockerBackendConfig(registry="http://127.0.0.1:5000/slr")
+    res = CliRunner().invoke(images, ["build", str(tmp_path), "--push", "https://reg:5000"])
+    assert res.exit_code == 2 and "not a registry prefix" in res.output

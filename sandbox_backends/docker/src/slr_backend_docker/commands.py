@@ -83,14 +83,19 @@ def build(paths, jobs, log_dir, push, prefix, docker_url, as_json) -> None:
     """
     from slr_backend_docker.backend import DockerBackend
     from slr_backend_docker.builds import summary
-    from slr_backend_docker.config import DockerBackendConfig
+    from slr_backend_docker.config import DockerBackendConfig, check_registry
 
     if jobs < 1:
         raise click.BadParameter(f"must be at least 1, not {jobs}", param_hint="--jobs")
+    try:
+        check_registry(push, "--push")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--push") from None
     tasks = _load(paths)
     backend = DockerBackend(
         DockerBackendConfig(base_url=docker_url, image_prefix=prefix), sandboxes=jobs
     )
+    backend.client  # noqa: B018 (connects: a daemon that does not answer fails here, once)
     results = asyncio.run(_build_with_progress(backend, tasks, jobs, log_dir, push, as_json))
     counts = summary(results)
     failed = [r for r in results if r.status == "failed"]

@@ -7,6 +7,19 @@ from attrs import frozen
 from slr.config import option
 
 
+def check_registry(value: str, name: str = "registry") -> None:
+    """A registry prefix is ``host[:port][/path]``, as in an image name: no scheme, no tag."""
+    if "://" in value or value.strip().endswith(":"):
+        raise ValueError(
+            f"{name} = {value!r} is not a registry prefix: write host[:port][/path] "
+            f"(e.g. 'registry.example.com:5000/slr'), without http:// and without a tag"
+        )
+
+
+def _registry(_instance, attribute, value: str) -> None:
+    check_registry(value, attribute.name)
+
+
 @frozen(kw_only=True)
 class DockerBackendConfig:
     base_url: str | None = option(
@@ -30,6 +43,7 @@ class DockerBackendConfig:
         doc="Registry prefix shared by machines that build task images (e.g. "
         "'registry.example.com:5000/slr'): a missing image is pulled from "
         "<registry>/<tag> before it is built, and one built here is pushed there. '' = none.",
+        validator=_registry,
     )
     socket_dir: str | None = option(
         None,
