@@ -74,7 +74,7 @@ def remove_images(prefix: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("-n", "--tasks", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
