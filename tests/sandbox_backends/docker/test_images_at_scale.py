@@ -103,6 +103,15 @@ def test_build_each_image_once_in_parallel_with_logs_for_failures(client, ns, tm
     warm = invoke("build", str(tasks), "-j", "4", "--prefix", ns, "--logs", str(logs), code=1)
     assert (warm["built"], warm["cached"], warm["failed"]) == (0, 3, 1), warm
 
+    # a run config names the same tasks and image prefix: the same tags
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[tasks]\npath = "{tasks}"\n[backend]\nname = "docker"\nimage_prefix = "{ns}"\n'
+    )
+    from_config = invoke("build", "-c", str(config), "--logs", str(logs), code=1)
+    assert [i["tag"] for i in from_config["images"]] == [i["tag"] for i in warm["images"]]
+    assert (from_config["cached"], from_config["failed"]) == (3, 1)
+
     # a trial's backend finds the same tags: nothing is built again
     async def trial_side():
         backend = DockerBackend(DockerBackendConfig(image_prefix=ns))

@@ -105,7 +105,9 @@ async def _build_one(backend: Any, task: Any, *, log_dir: Path, push: str) -> Bu
             log=str(path),
         )
     pushed = ""
-    if push and not task.environment.docker_image:
+    if status == "pulled" and push == backend.config.registry:
+        pushed = registry.registry_ref(push, tag)  # that is where it came from
+    elif push and not task.environment.docker_image:
         try:
             pushed = await backend.call(registry.push, backend.client.api, tag, push)
         except SandboxError as exc:  # the registry's refusal, or the daemon's

@@ -51,8 +51,46 @@ def _load(paths: tuple[Path, ...]) -> list[Any]:
     return [t for p in paths for t in load_tasks(p)]
 
 
+def _from_config(config_path: Path | None, paths: tuple[Path, ...]) -> tuple[Any, list[Any]]:
+    """The image settings of a run config's backend, and the tasks to build."""
+    from slr.plugins import get_plugin_manager
+    from slr.tasks import load_tasks
+    from slr_backend_docker.config import DockerBackendConfig
+
+    if config_path is None:
+        if not paths:
+            raise click.UsageError("name the task sets to build (PATHS), or a run config (-c)")
+        return DockerBackendConfig(), _load(paths)
+    from slr.config import load_config
+
+    config = load_config(config_path, plugins=get_plugin_manager(), only_plugins=("backend",))
+    options, name = config.backend.options, config.backend.name
+    if name == "docker":
+        cfg = options
+    elif name == "k8s":  # its builder is the docker backend's; its registry is where pods pull
+        registry = options.registry if options.image_load == "registry" else ""
+        cfg = DockerBackendConfig(base_url=options.docker_url, registry=registry)
+    else:
+        raise click.UsageError(
+            f"{config_path}: [backend] name = {name!r} builds no images; slr images builds "
+            f"for the docker and k8s backends"
+        )
+    if paths:
+        return cfg, _load(paths)
+    t = config.tasks
+    return cfg, load_tasks(t.path, include=t.include, split=t.split)
+
+
 @images.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A run config: its [tasks] (when no PATHS) and its [backend] (docker: base_url, "
+    "image_prefix, registry; k8s: docker_url, and registry with image_load = 'registry').",
+)
 @click.option("-j", "--jobs", default=4, show_default=True, help="Images built at once.")
 @click.option(
     "--logs",
@@ -64,22 +102,24 @@ def _load(paths: tuple[Path, ...]) -> list[Any]:
 )
 @click.option(
     "--push",
-    default="",
+    default=None,
     metavar="REGISTRY",
     help="Push every task image to this registry prefix (host:port/path) after building; "
-    "the k8s backend pulls <REGISTRY>/<tag> with image_load = 'registry'.",
+    "the k8s backend pulls <REGISTRY>/<tag> with image_load = 'registry'. Default: the "
+    "config's backend registry, if any.",
 )
-@click.option("--prefix", default="slr-task", show_default=True, help="Image name prefix.")
+@click.option("--prefix", default=None, help="Image name prefix [default: slr-task].")
 @_docker_url
 @_as_json
-def build(paths, jobs, log_dir, push, prefix, docker_url, as_json) -> None:
+def build(paths, config_path, jobs, log_dir, push, prefix, docker_url, as_json) -> None:
     """Build every task's image once, JOBS at a time (a built tag is never rebuilt).
 
     \b
-    PATHS are task folders, task sets or parquet indexes. Each image is tagged with its
-    task's environment content hash, as a run's sandboxes look it up: `built` ran the
-    Dockerfile, `cached` found the tag, `failed` wrote the build log into --logs. Exits 1
-    when any build failed.
+    PATHS are task folders, task sets or parquet indexes (or -c: the run's [tasks]). Each
+    image is tagged with its task's environment content hash, as a run's sandboxes look it
+    up: `built` ran the Dockerfile, `cached` found the tag, `pulled` came from the docker
+    backend's registry, `failed` wrote the build log into --logs. Exits 1 when any build
+    failed.
     """
     from slr_backend_docker.backend import DockerBackend
     from slr_backend_docker.builds import summary
@@ -88,13 +128,17 @@ def build(paths, jobs, log_dir, push, prefix, docker_url, as_json) -> None:
     if jobs < 1:
         raise click.BadParameter(f"must be at least 1, not {jobs}", param_hint="--jobs")
     try:
-        check_registry(push, "--push")
+        check_registry(push or "", "--push")
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--push") from None
-    tasks = _load(paths)
-    backend = DockerBackend(
-        DockerBackendConfig(base_url=docker_url, image_prefix=prefix), sandboxes=jobs
+    cfg, tasks = _from_config(config_path, paths)
+    cfg = DockerBackendConfig(
+        base_url=docker_url or cfg.base_url,
+        image_prefix=prefix or cfg.image_prefix,
+        registry=cfg.registry,
     )
+    push = cfg.registry if push is None else push
+    backend = DockerBackend(cfg, sandboxes=jobs)
     backend.client  # noqa: B018 (connects: a daemon that does not answer fails here, once)
     results = asyncio.run(_build_with_progress(backend, tasks, jobs, log_dir, push, as_json))
     counts = summary(results)

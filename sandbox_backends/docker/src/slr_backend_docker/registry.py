@@ -14,6 +14,8 @@ import structlog
 from slr.contracts import SandboxError
 from slr_backend_docker.tags import registry_ref
 
+__all__ = ["RegistryError", "pull", "push", "registry_ref"]
+
 log = structlog.get_logger()
 
 
