@@ -203,10 +203,11 @@ def test_prune_removes_only_unused_slr_task_images(client, ns, tmp_path):
     make_task(drop_set, f"{ns}-used", run="echo used > /u")
     built = invoke("build", str(keep_set), str(drop_set), "--prefix", ns)
     tags = {i["task_id"]: i["tag"] for i in built["images"]}
-    # an image of the user's own built FROM a task image (so it inherits all its labels),
-    # and a container that still uses one of the task images
+    # an image of the user's own built FROM a task image no set keeps (so it inherits all
+    # its labels: slr.image, the task id and content hash), and a container that still uses
+    # one of the task images
     client.images.build(
-        fileobj=_dockerfile(f"FROM {tags[f'{ns}-keep']}\nLABEL mine=1\n"),
+        fileobj=_dockerfile(f"FROM {tags[f'{ns}-drop']}\nLABEL mine=1\n"),
         tag=f"{ns}-mine:1",
         rm=True,
     )
@@ -214,13 +215,15 @@ def test_prune_removes_only_unused_slr_task_images(client, ns, tmp_path):
     client.containers.create(tags[f"{ns}-used"], command=["true"], labels={"slr.test": ns})
 
     dry = invoke("prune", str(keep_set), "--prefix", ns, "--dry-run")
-    listed = {i["task_id"]: i["outcome"] for i in dry["images"]}
-    assert listed == {f"{ns}-drop": "would remove", f"{ns}-used": "would remove"}
+    listed = {t: i["outcome"] for i in dry["images"] for t in i["tags"]}
+    assert listed == {tags[f"{ns}-drop"]: "would remove", tags[f"{ns}-used"]: "would remove"}
     assert dry["kept"] == 1 and client.images.get(tags[f"{ns}-drop"])  # nothing removed
 
     out = invoke("prune", str(keep_set), "--prefix", ns)
-    outcome = {i["task_id"]: i["outcome"] for i in out["images"]}
-    assert outcome[f"{ns}-drop"] == "removed" and outcome[f"{ns}-used"].startswith("kept: in use")
+    outcome = {t: i["outcome"] for i in out["images"] for t in i["tags"]}
+    assert outcome.keys() == {tags[f"{ns}-drop"], tags[f"{ns}-used"]}
+    assert outcome[tags[f"{ns}-drop"]] == "removed"
+    assert outcome[tags[f"{ns}-used"]].startswith("kept: in use")
     assert out["removed"] == 1
     names = {t for i in client.images.list() for t in i.tags}
     assert tags[f"{ns}-keep"] in names and tags[f"{ns}-used"] in names
