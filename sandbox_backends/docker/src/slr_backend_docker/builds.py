@@ -8,6 +8,7 @@ built twice: the content hash names it) and a run never builds anything differen
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -49,8 +50,13 @@ class BuildResult:
 
 
 def log_name(task_id: str) -> str:
-    """A file name for a task's build log (task ids may hold ``/``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", task_id).strip("._") or "task"
+    """A file name for a task's build log: the id, or (for an id holding ``/`` or other
+    characters a file name should not) a cleaned id plus a short hash of the original, so two
+    such ids never share a log."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", task_id).strip("._")
+    if clean == task_id:
+        return clean
+    return f"{clean or 'task'}-{hashlib.sha256(task_id.encode()).hexdigest()[:8]}"
 
 
 async def build_images(
