@@ -267,7 +267,6 @@ def prune(paths, older_than, dry_run, prefix, docker_url, as_json) -> None:
     if not dry_run:
         items = pruning.remove(client, items)
     removed = [i for i in items if i.outcome in ("removed", "would remove")]
-    freed = sum(i.size for i in removed)
     if as_json:
         click.echo(
             json.dumps(
@@ -277,7 +276,6 @@ def prune(paths, older_than, dry_run, prefix, docker_url, as_json) -> None:
                     "removed": 0 if dry_run else len(removed),
                     "would_remove": len(removed) if dry_run else 0,
                     "not_removed": len(items) - len(removed),
-                    "bytes": freed,
                     "images": [i.as_json() for i in items],
                 },
                 indent=1,
@@ -287,7 +285,8 @@ def prune(paths, older_than, dry_run, prefix, docker_url, as_json) -> None:
     for i in items:
         click.echo(f"{i.outcome}: {', '.join(i.tags) or i.image_id[:19]} ({i.reason})")
     verb = "would remove" if dry_run else "removed"
+    # no byte count: an image's size includes the base layers it shares with the others
     click.echo(
-        f"{verb} {len(removed)} task images ({freed / 1e9:.2f} GB), kept {kept}"
+        f"{verb} {len(removed)} task images, kept {kept}"
         + (f", {len(items) - len(removed)} still in use" if len(items) > len(removed) else "")
     )

@@ -32,6 +32,7 @@ class PruneItem:
     content_hash: str
     created: datetime
     size: int
+    """The image's size as the daemon reports it: shared layers (the base) included."""
     reason: str
     outcome: str = "would remove"
     """``would remove`` (dry run), ``removed``, or why it could not be (``in use by ...``)."""
