@@ -241,7 +241,7 @@ def _print_builds(results, counts, log_dir, push) -> None:
     "--prefix",
     default="slr-task",
     show_default=True,
-    help="Only images named <prefix>-... (the backend's image_prefix).",
+    help="The image name prefix the images were built under (the backend's image_prefix).",
 )
 @_docker_url
 @_as_json
@@ -249,8 +249,9 @@ def prune(paths, older_than, dry_run, prefix, docker_url, as_json) -> None:
     """Remove task images slr built that the task sets in PATHS do not use.
 
     \b
-    Only images labelled slr.image=task are considered (every task image slr builds has
-    it): the base image, a task's prebuilt docker_image and any image of your own are never
+    Only images labelled slr.image=task (every task image slr builds has it) and tagged
+    with exactly the name slr gave them are considered: the base image, a task's prebuilt
+    docker_image and any image of your own (even one built FROM a task image) are never
     touched, nor is an image a container still uses. With --older-than, only those older.
     """
     from slr_backend_docker import prune as pruning
