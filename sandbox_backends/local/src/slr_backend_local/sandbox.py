@@ -32,6 +32,7 @@ from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr.sandboxing.cpu import SandboxCgroup
 from slr_backend_local.isolation import BASE_ENV, LINK_MOUNT, bwrap_argv
 from slr_backend_local.limits import SandboxLimits
+from slr_backend_local.rootfs import remove_tree
 
 log = structlog.get_logger()
 
@@ -103,8 +104,10 @@ class LocalSandbox:
         cgroup: SandboxCgroup | None = None,
         limits: SandboxLimits | None = None,
         start_cpu_s: float = 0.0,
+        host_usr: bool = True,
     ) -> None:
         self.bwrap = bwrap
+        self.host_usr = host_usr
         self.python = python
         self.proxy_port = proxy_port
         self.workspace = workspace
@@ -184,6 +187,7 @@ class LocalSandbox:
                 network=self.network == "full",
                 link_dir=self.link.dir if relay and self.link is not None else None,
                 mounts=self.mounts,
+                host_usr=self.host_usr,
             )
             if self.limits is not None:
                 argv = self.limits.wrap(argv)
@@ -310,7 +314,11 @@ class LocalSandbox:
 
     def _writable(self, inner: str) -> Path:
         top = posixpath.normpath("/" + inner).lstrip("/").split("/")[0]
-        if self.bwrap is not None and top in ("usr", "bin", "sbin", "lib", "lib64"):
+        if (
+            self.bwrap is not None
+            and self.host_usr
+            and top in ("usr", "bin", "sbin", "lib", "lib64")
+        ):
             raise SandboxError(f"{inner} is on the host's read-only /usr in a local sandbox")
         return self.host_path(inner)
 
@@ -343,7 +351,7 @@ class LocalSandbox:
         kill_workspace_processes(self.root)
         if self.link is not None:
             self.link.remove()
-        await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+        await asyncio.to_thread(remove_tree, self.workspace)
         if self.limits is not None:
             self.limits.remove()
         if self.cgroup is not None:
