@@ -77,6 +77,7 @@ class Dockerfile:
     instructions: tuple[Instruction, ...]
     build_args: Mapping[str, str] = field(factory=dict)
     global_args: Mapping[str, str] = field(factory=dict)
+    escape: str = "\\"
 
     def where(self, line: int) -> str:
         return f"{self.path}:{line}"
@@ -92,7 +93,7 @@ class Dockerfile:
             where = self.where(ins.line)
             scope = {**args, **env}  # an ENV wins over an ARG of the same name
             if ins.op == "ARG":
-                for name, default in _arg_decls(ins.rest, scope, where):
+                for name, default in _arg_decls(ins.rest, scope, where, self.escape):
                     if name in self.build_args:
                         args[name] = self.build_args[name]
                     elif default is not None:
@@ -100,19 +101,20 @@ class Dockerfile:
                     elif name in self.global_args:
                         args[name] = self.global_args[name]
             elif ins.op == "ENV":
-                pairs = _env_pairs(ins.rest, scope, where)
+                pairs = _env_pairs(ins.rest, scope, where, self.escape)
                 env.update(pairs)
                 out.append(Step("ENV", tuple(f"{k}={v}" for k, v in pairs), ins.line))
             elif ins.op == "WORKDIR":
-                value = expand_word(ins.rest, scope, where)
+                value = expand_word(ins.rest, scope, where, self.escape)
                 workdir = posixpath.normpath(posixpath.join(workdir, value))
                 out.append(Step("WORKDIR", (workdir,), ins.line))
             elif ins.op == "USER":
-                out.append(Step("USER", (expand_word(ins.rest, scope, where),), ins.line))
+                user = expand_word(ins.rest, scope, where, self.escape)
+                out.append(Step("USER", (user,), ins.line))
             elif ins.op == "SHELL":
                 shell = tuple(_json_list(ins.rest, where, "SHELL"))
             elif ins.op in ("COPY", "ADD"):
-                out.append(_copy_step(ins, scope, where))
+                out.append(_copy_step(ins, scope, where, self.escape))
             elif ins.op == "RUN":
                 rest = ins.rest
                 while rest.startswith("--"):  # --mount / --network / --security: BuildKit's
@@ -138,16 +140,20 @@ def parse(path: Path, build_args: Mapping[str, str] | None = None) -> Dockerfile
     global_args: dict[str, str] = {}
     base: str | None = None
     body: list[Instruction] = []
-    for ins in _instructions(text):
+    lines = text.splitlines()
+    escape = _escape(lines)
+    for ins in _instructions(lines, escape):
         where = f"{path}:{ins.line}"
         if ins.op not in KNOWN:
             raise UnsupportedDockerfile(f"{where}: unknown instruction {ins.op}")
+        if ins.op in ("RUN", "COPY", "ADD") and _HEREDOC.search(ins.rest):
+            raise UnsupportedDockerfile(f"{where}: heredocs need a real image build")
         if ins.op == "FROM":
             if base is not None:
                 raise UnsupportedDockerfile(
                     f"{where}: a second FROM (a multi-stage build) needs a real image build"
                 )
-            words = expand_words(ins.rest, global_args, where)
+            words = expand_words(ins.rest, global_args, where, escape)
             words = [w for w in words if not w.startswith("--platform")]
             if not words:
                 raise UnsupportedDockerfile(f"{where}: FROM names no image")
@@ -155,7 +161,7 @@ def parse(path: Path, build_args: Mapping[str, str] | None = None) -> Dockerfile
         elif base is None:
             if ins.op != "ARG":
                 raise UnsupportedDockerfile(f"{where}: {ins.op} before FROM")
-            for name, default in _arg_decls(ins.rest, global_args, where):
+            for name, default in _arg_decls(ins.rest, global_args, where, escape):
                 value = build_args.get(name, default)
                 if value is not None:
                     global_args[name] = value
@@ -169,15 +175,15 @@ def parse(path: Path, build_args: Mapping[str, str] | None = None) -> Dockerfile
         instructions=tuple(body),
         build_args=build_args,
         global_args=global_args,
+        escape=escape,
     )
 
 
 # -- reading lines -------------------------------------------------------------------------
 
 
-def _instructions(text: str) -> Iterator[Instruction]:
+def _escape(lines: list[str]) -> str:
     escape = "\\"
-    lines = text.splitlines()
     # Parser directives: only at the very top, before any comment, blank line or instruction.
     for raw in lines:
         m = re.fullmatch(r"#\s*([A-Za-z]+)\s*=\s*(\S+)\s*", raw)
@@ -187,6 +193,10 @@ def _instructions(text: str) -> Iterator[Instruction]:
             if m.group(2) not in ("\\", "`"):
                 raise UnsupportedDockerfile(f"escape directive {m.group(2)!r}: want \\ or `")
             escape = m.group(2)
+    return escape
+
+
+def _instructions(lines: list[str], escape: str) -> Iterator[Instruction]:
     buf: list[str] = []
     start = 0
     for n, raw in enumerate(lines, 1):
@@ -224,18 +234,19 @@ def _json_list(rest: str, where: str, op: str) -> list[str]:
 # -- substitution ----------------------------------------------------------------------------
 
 
-def expand_words(text: str, scope: Mapping[str, str], where: str) -> list[str]:
-    """Split ``text`` into words as docker does (quotes, backslashes), expanding variables."""
-    return _Lexer(text, scope, where).words()
+def expand_words(text: str, scope: Mapping[str, str], where: str, escape: str = "\\") -> list[str]:
+    """Split ``text`` into words as docker does (quotes, escapes), expanding variables."""
+    return _Lexer(text, scope, where, escape).words()
 
 
-def expand_word(text: str, scope: Mapping[str, str], where: str) -> str:
+def expand_word(text: str, scope: Mapping[str, str], where: str, escape: str = "\\") -> str:
     """``text`` as one word (WORKDIR, USER, a legacy ENV value): quotes removed, expanded."""
-    return _Lexer(text, scope, where).word()
+    return _Lexer(text, scope, where, escape).word()
 
 
 class _Lexer:
-    def __init__(self, text: str, scope: Mapping[str, str], where: str) -> None:
+    def __init__(self, text: str, scope: Mapping[str, str], where: str, escape: str) -> None:
+        self.escape = escape
         self.text = text
         self.scope = scope
         self.where = where
@@ -262,7 +273,7 @@ class _Lexer:
             if space_ends and c.isspace():
                 break
             self.i += 1
-            if c == "\\":
+            if c == self.escape:
                 out.append(self._take_escaped())
             elif c == "'":
                 end = self.text.find("'", self.i)
@@ -281,7 +292,7 @@ class _Lexer:
     def _take_escaped(self) -> str:
         c = self._peek()
         if not c:
-            return "\\"
+            return self.escape
         self.i += 1
         return c
 
@@ -294,7 +305,7 @@ class _Lexer:
             self.i += 1
             if c == '"':
                 return "".join(out)
-            if c == "\\" and self._peek() in ('"', "\\", "$"):
+            if c == self.escape and self._peek() in ('"', self.escape, "$"):
                 out.append(self._take_escaped())
             elif c == "$":
                 out.append(self._variable())
@@ -337,22 +348,24 @@ class _Lexer:
 # -- instruction arguments ---------------------------------------------------------------------
 
 
-def _arg_decls(rest: str, scope: Mapping[str, str], where: str):
-    for word in expand_words(rest, scope, where):
+def _arg_decls(rest: str, scope: Mapping[str, str], where: str, escape: str = "\\"):
+    for word in expand_words(rest, scope, where, escape):
         name, eq, default = word.partition("=")
         if not _NAME.fullmatch(name):
             raise UnsupportedDockerfile(f"{where}: ARG {word!r} is not NAME or NAME=default")
         yield name, (default if eq else None)
 
 
-def _env_pairs(rest: str, scope: Mapping[str, str], where: str) -> list[tuple[str, str]]:
+def _env_pairs(
+    rest: str, scope: Mapping[str, str], where: str, escape: str
+) -> list[tuple[str, str]]:
     first = rest.split(None, 1)[0] if rest.strip() else ""
     if first and "=" not in first:
         # legacy form: ENV NAME the value, spaces and all
         value = rest[len(first) :].strip()
-        return [(first, expand_word(value, scope, where))]
+        return [(first, expand_word(value, scope, where, escape))]
     pairs = []
-    for word in expand_words(rest, scope, where):
+    for word in expand_words(rest, scope, where, escape):
         name, eq, value = word.partition("=")
         if not eq or not _NAME.fullmatch(name):
             raise UnsupportedDockerfile(f"{where}: ENV {word!r} is not NAME=value")
@@ -362,7 +375,7 @@ def _env_pairs(rest: str, scope: Mapping[str, str], where: str) -> list[tuple[st
     return pairs
 
 
-def _copy_step(ins: Instruction, scope: Mapping[str, str], where: str) -> Step:
+def _copy_step(ins: Instruction, scope: Mapping[str, str], where: str, escape: str) -> Step:
     rest = ins.rest
     flags: list[str] = []
     while rest.startswith("--"):
@@ -372,11 +385,11 @@ def _copy_step(ins: Instruction, scope: Mapping[str, str], where: str) -> Step:
     if any(f.startswith("--from") for f in flags):
         raise UnsupportedDockerfile(f"{where}: {ins.op} --from needs a multi-stage build")
     if rest.startswith("["):
-        words = [expand_word(w, scope, where) for w in _json_list(rest, where, ins.op)]
+        words = [expand_word(w, scope, where, escape) for w in _json_list(rest, where, ins.op)]
     else:
         if _HEREDOC.search(rest):
             raise UnsupportedDockerfile(f"{where}: heredocs need a real image build")
-        words = expand_words(rest, scope, where)
+        words = expand_words(rest, scope, where, escape)
     if len(words) < 2:
         raise UnsupportedDockerfile(f"{where}: {ins.op} needs a source and a destination")
     if ins.op == "ADD" and any(_URL.match(w) for w in words[:-1]):
