@@ -22,7 +22,7 @@ from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr.sandboxing.cpu import SandboxCgroup, remove_stale_cgroups
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local.build import META, Builder, Plan, Prepared
-from slr_backend_local.isolation import bwrap_path
+from slr_backend_local.isolation import bwrap_path, host_python_argv
 from slr_backend_local.limits import Limits, SandboxLimits, remove_stale_groups
 from slr_backend_local.rootfs import (
     ImageStores,
@@ -129,11 +129,14 @@ class LocalBackend:
                 "--backend docker, or set unsafe_host_paths = true for trusted tasks."
             )
         prepared = await self.prepare(task)
-        if self.isolated and prepared.python is None and not prepared.host_usr:
-            raise SandboxError(
-                f"task {task.id}: its image has no python3 on its PATH, which the local backend "
-                f"(like docker) needs in the image for the proxy relay"
-            )
+        relay_python: str | list[str] = self.config.python
+        if not prepared.host_usr:
+            relay_python = prepared.python or host_python_argv(self.config.python) or ""
+            if self.isolated and not relay_python:
+                raise SandboxError(
+                    f"task {task.id}: its image has no python3 for the proxy relay, and the "
+                    f"host's ([backend] python = {self.config.python}) is not under /usr"
+                )
         self.workspace_dir.mkdir(parents=True, exist_ok=True)
         ws = Path(tempfile.mkdtemp(prefix=f"{trial_id[:40]}-", dir=self.workspace_dir))
         (ws / OWNER_FILE).write_text(
@@ -163,7 +166,7 @@ class LocalBackend:
             raise
         return LocalSandbox(
             bwrap=self.bwrap,
-            python=self.config.python if prepared.host_usr else str(prepared.python),
+            python=relay_python,
             proxy_port=self.config.proxy_port,
             workspace=ws,
             workdir=prepared.workdir,

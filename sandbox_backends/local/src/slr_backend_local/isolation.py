@@ -55,10 +55,28 @@ BASE_ENV = {
     "TERM": "dumb",
 }
 LINK_MOUNT = "/run/slr"
+#: Where an image root without python3 sees the host's ``/usr`` (read-only) for the relay.
+HOST_USR_MOUNT = "/.slr-host/usr"
 
 
 def bwrap_path() -> str | None:
     return shutil.which("bwrap")
+
+
+def host_python_argv(python: str) -> list[str] | None:
+    """How to run the host's ``python`` (under ``/usr``) inside a root that is not the
+    host's, from ``HOST_USR_MOUNT``: through the host's own dynamic loader and libraries,
+    isolated from the environment (``-I``). None when it does not live under ``/usr``."""
+    real = Path(os.path.realpath(python))
+    loader = Path(os.path.realpath("/lib64/ld-linux-x86-64.so.2"))
+    usr = Path("/usr")
+    if usr not in real.parents or usr not in loader.parents:
+        return None
+
+    def inner(path: Path) -> str:
+        return f"{HOST_USR_MOUNT}/{path.relative_to(usr).as_posix()}"
+
+    return [inner(loader), "--library-path", inner(loader.parent), inner(real), "-I"]
 
 
 def make_root(root: Path) -> None:
