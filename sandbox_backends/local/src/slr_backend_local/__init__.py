@@ -81,6 +81,7 @@ def register_sandbox_backends(register):
 
 @slr.hookimpl
 def register_preflight_checks(register):
-    from slr_backend_local.preflight import check_isolation
+    from slr_backend_local.preflight import check_image_sources, check_isolation
 
     register("local-isolation", check_isolation, stage="machine")
+    register("local-images", check_image_sources, stage="machine")

@@ -232,6 +232,11 @@ def _timed_root(prepared: Prepared, ws: Path) -> float:
 def _oci_layout(configured: str | None) -> Path | None:
     if configured:
         return Path(configured).expanduser()
+    return default_oci_layout()
+
+
+def default_oci_layout() -> Path | None:
+    """``~/.cache/slr/oci`` when an OCI layout is there."""
     default = Path.home() / ".cache" / "slr" / "oci"
     return default if (default / "index.json").is_file() else None
 

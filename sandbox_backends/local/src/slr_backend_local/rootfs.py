@@ -105,6 +105,10 @@ class ImageStores:
                 self._docker_client = None
         return self._docker_client
 
+    def docker_available(self) -> bool:
+        """Whether a docker daemon answers (the SDK installed, the socket reachable)."""
+        return self._docker() is not None
+
     def _docker_image(self, ref: str):
         client = self._docker()
         if client is None:
