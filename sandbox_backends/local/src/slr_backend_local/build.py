@@ -113,6 +113,7 @@ class Builder:
         if env.dockerfile.is_file():
             try:
                 dockerfile = df.parse(env.dockerfile)
+                dockerfile.steps({})  # what needs a real build fails here, before any unpack
             except df.UnsupportedDockerfile as exc:
                 raise SandboxError(
                     f"task {task.id} cannot run on the local backend: {exc}"
