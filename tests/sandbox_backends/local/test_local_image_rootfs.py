@@ -212,9 +212,7 @@ def test_each_trial_gets_a_fresh_root_and_the_image_is_untouched(tmp_path):
     base = backend.stores.base_root(BASE_TAG).fs
     assert not (base / "usr/bin/evil").exists() and (base / "etc/os-release").exists()
     assert list((tmp_path / "ws").iterdir()) == []
-    assert "slr-backend-local" not in Path("/proc/mounts").read_text().replace(
-        str(tmp_path), "slr-backend-local"
-    ), "an overlay of this test is still mounted"
+    assert str(tmp_path) not in Path("/proc/mounts").read_text(), "an overlay is still mounted"
 
 
 def test_the_built_root_is_cached_by_content_hash(tmp_path):
