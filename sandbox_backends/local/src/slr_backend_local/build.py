@@ -184,7 +184,9 @@ class Builder:
                 workdir = step.args[0]
                 self._mkdir(task, root, workdir, image=image)
             elif step.op == "ENV":
-                envs.update(kv.split("=", 1) for kv in step.args)
+                for kv in step.args:
+                    name, _, value = kv.partition("=")
+                    envs[name] = value
             elif step.op == "COPY":
                 self._copy(task, env.path, root, workdir, step, image=image)
             elif step.op == "RUN":

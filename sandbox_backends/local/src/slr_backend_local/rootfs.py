@@ -140,7 +140,7 @@ class ImageStores:
         """``(source, digest)`` of the image ``ref`` in a local store, or None."""
         image = self._docker_image(ref)
         if image is not None:
-            return "docker", image.id
+            return "docker", str(image.id)
         digest = self._oci_digest(ref)
         if digest is not None:
             return "oci", digest
@@ -201,7 +201,9 @@ class ImageStores:
         dest.mkdir(parents=True)
         try:
             # created, never started: its filesystem is the image's, merged
-            container = client.containers.create(image.id, command=["/bin/true"], entrypoint=[])
+            container = client.containers.create(
+                str(image.id), command=["/bin/true"], entrypoint=[]
+            )
         except docker.errors.DockerException as exc:
             raise SandboxError(f"docker could not create a container of {ref}: {exc}") from exc
         try:
