@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import structlog
@@ -87,22 +88,26 @@ class ImageStores:
         self._use_docker = docker
         self._docker_client = None
         self._docker_checked = False
+        self._docker_lock = threading.Lock()
+        self._unpack_lock = threading.Lock()
 
     # -- where an image is -----------------------------------------------------------------
 
     def _docker(self):
         if not self._use_docker:
             return None
-        if not self._docker_checked:
-            self._docker_checked = True
-            try:
-                import docker  # only where the docker SDK is installed
+        # trials prepare on threads: the first asks the daemon, the others wait for its answer
+        with self._docker_lock:
+            if not self._docker_checked:
+                try:
+                    import docker  # only where the docker SDK is installed
 
-                client = docker.from_env(timeout=60)
-                client.ping()
-                self._docker_client = client
-            except Exception:  # no SDK, no daemon, no permission: this source is absent
-                self._docker_client = None
+                    client = docker.from_env(timeout=60)
+                    client.ping()
+                    self._docker_client = client
+                except Exception:  # no SDK, no daemon, no permission: this source is absent
+                    self._docker_client = None
+                self._docker_checked = True
         return self._docker_client
 
     def docker_available(self) -> bool:
@@ -168,28 +173,32 @@ class ImageStores:
             raise SandboxError(self.missing_message(ref))
         source, digest = found
         folder = self.images_dir / digest.replace(":", "-")[:31]
-        if not (folder / CONFIG_FILE).is_file():
-            self.images_dir.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=self.images_dir))
-            try:
-                if source == "docker":
-                    config = self._unpack_docker(ref, tmp / "fs")
-                else:
-                    config = self._unpack_oci(ref, tmp)
-                prepare_image_root(tmp / "fs")
-                (tmp / CONFIG_FILE).write_text(
-                    json.dumps({"ref": ref, "digest": digest, **config.to_json()})
-                )
-                try:
-                    tmp.rename(folder)
-                except OSError:
-                    if not (folder / CONFIG_FILE).is_file():  # not a concurrent unpacker's win
-                        raise
-            finally:
-                remove_tree(tmp)
-            log.info("image unpacked for the local backend", image=ref, source=source)
+        with self._unpack_lock:  # one unpack per image, however many trials ask at once
+            if not (folder / CONFIG_FILE).is_file():
+                self._unpack(ref, source, digest, folder)
         config = ImageConfig.from_json(json.loads((folder / CONFIG_FILE).read_text()))
         return BaseRoot(ref=ref, digest=digest, source=source, fs=folder / "fs", config=config)
+
+    def _unpack(self, ref: str, source: str, digest: str, folder: Path) -> None:
+        self.images_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=self.images_dir))
+        try:
+            if source == "docker":
+                config = self._unpack_docker(ref, tmp / "fs")
+            else:
+                config = self._unpack_oci(ref, tmp)
+            prepare_image_root(tmp / "fs")
+            (tmp / CONFIG_FILE).write_text(
+                json.dumps({"ref": ref, "digest": digest, **config.to_json()})
+            )
+            try:
+                tmp.rename(folder)
+            except OSError:
+                if not (folder / CONFIG_FILE).is_file():  # not a concurrent unpacker's win
+                    raise
+        finally:
+            remove_tree(tmp)
+        log.info("image unpacked for the local backend", image=ref, source=source)
 
     def _unpack_docker(self, ref: str, dest: Path) -> ImageConfig:
         import docker.errors
