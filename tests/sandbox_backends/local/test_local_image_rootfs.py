@@ -222,13 +222,13 @@ def test_the_built_root_is_cached_by_content_hash(tmp_path):
         "FROM slr-base:bookworm\nRUN date +%s%N > /built-at\nWORKDIR /app\n"
     )
     task = load_task(tmp_path / "t")
-    first = asyncio.run(_backend(tmp_path, rootfs="image").prepare(task))
-    again = asyncio.run(_backend(tmp_path, rootfs="image").prepare(task))
+    first = asyncio.run(_backend(tmp_path, rootfs="image").prepared(task))
+    again = asyncio.run(_backend(tmp_path, rootfs="image").prepared(task))
     assert again.folder == first.folder
     stamp = (first.lowers[0] / "built-at").read_text()
     assert (again.lowers[0] / "built-at").read_text() == stamp
     (tmp_path / "t" / "environment" / "extra.txt").write_text("changed\n")
-    changed = asyncio.run(_backend(tmp_path, rootfs="image").prepare(load_task(tmp_path / "t")))
+    changed = asyncio.run(_backend(tmp_path, rootfs="image").prepared(load_task(tmp_path / "t")))
     assert changed.folder != first.folder
 
 
@@ -330,5 +330,5 @@ def test_a_missing_image_says_where_it_looked_and_what_to_do(tmp_path):
     with pytest.raises(SandboxError, match=r"image slr-no-such-image:1 is in no local image store"):
         asyncio.run(_backend(tmp_path, rootfs="image").prepare(task))
     # auto: no image, so the host's userland, as before
-    prepared = asyncio.run(_backend(tmp_path, rootfs="auto").prepare(task))
+    prepared = asyncio.run(_backend(tmp_path, rootfs="auto").prepared(task))
     assert prepared.rootfs == "host"

@@ -97,8 +97,12 @@ class LocalBackend:
             )
         return self._builder_obj
 
-    async def prepare(self, task: Any) -> Prepared:
-        """Build the task's root once (cached by content hash); returns it."""
+    async def prepare(self, task: Any) -> None:
+        """Build the task's root once (cached by content hash)."""
+        await self.prepared(task)
+
+    async def prepared(self, task: Any) -> Prepared:
+        """The task's built root (``build.Prepared``), building it on first use."""
         key = task.environment.content_hash
         plan = self._plans.get(key)
         if plan is None:
@@ -128,7 +132,7 @@ class LocalBackend:
                 "machine's own and the verifier would wipe them. Install bubblewrap, use "
                 "--backend docker, or set unsafe_host_paths = true for trusted tasks."
             )
-        prepared = await self.prepare(task)
+        prepared = await self.prepared(task)
         relay_python: str | list[str] = self.config.python
         if not prepared.host_usr:
             relay_python = prepared.python or host_python_argv(self.config.python) or ""
