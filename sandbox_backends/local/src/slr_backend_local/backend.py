@@ -27,6 +27,7 @@ from slr_backend_local.limits import Limits, SandboxLimits, remove_stale_groups
 from slr_backend_local.rootfs import (
     ImageStores,
     copy_tree,
+    default_oci_layout,
     mount_overlay,
     overlay_supported,
     remove_tree,
@@ -148,7 +149,7 @@ class LocalBackend:
         )
         link = cgroup = limits = None
         # the copy is this sandbox's start cost, paid on a host thread: charged to it
-        copy = asyncio.ensure_future(asyncio.to_thread(_timed_root, prepared, ws))
+        copy = asyncio.ensure_future(asyncio.to_thread(_timed_copy, prepared, ws))
         try:
             copy_cpu_s = await asyncio.shield(copy)
             if self.isolated:
@@ -220,7 +221,7 @@ class LocalBackend:
         pass
 
 
-def _timed_root(prepared: Prepared, ws: Path) -> float:
+def _timed_copy(prepared: Prepared, ws: Path) -> float:
     """Give a workspace its own root: an overlay over the prepared layers, or a copy;
     returns the CPU seconds this thread spent on it."""
     start = time.thread_time()
@@ -237,12 +238,6 @@ def _oci_layout(configured: str | None) -> Path | None:
     if configured:
         return Path(configured).expanduser()
     return default_oci_layout()
-
-
-def default_oci_layout() -> Path | None:
-    """``~/.cache/slr/oci`` when an OCI layout is there."""
-    default = Path.home() / ".cache" / "slr" / "oci"
-    return default if (default / "index.json").is_file() else None
 
 
 def _owner_alive(group: str) -> bool:

@@ -49,8 +49,7 @@ def check_image_sources(ctx: Context) -> CheckResult | None:
     options = ctx.options("backend")
     if options.rootfs == "host":
         return None
-    from slr_backend_local.backend import default_oci_layout
-    from slr_backend_local.rootfs import ImageStores, overlay_supported
+    from slr_backend_local.rootfs import ImageStores, default_oci_layout, overlay_supported
 
     layout = Path(options.oci_layout).expanduser() if options.oci_layout else default_oci_layout()
     stores = ImageStores(Path("."), layout)

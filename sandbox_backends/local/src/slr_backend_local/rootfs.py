@@ -65,6 +65,12 @@ class BaseRoot:
     config: ImageConfig
 
 
+def default_oci_layout() -> Path | None:
+    """``~/.cache/slr/oci`` when an OCI layout is there."""
+    default = Path.home() / ".cache" / "slr" / "oci"
+    return default if (default / "index.json").is_file() else None
+
+
 def oci_tag(ref: str) -> str:
     """The tag an image reference has in an OCI layout: ``python:3.12-slim`` →
     ``python_3.12-slim`` (OCI tags allow only letters, digits, ``.``, ``_`` and ``-``)."""
