@@ -135,6 +135,11 @@ class LocalBackend:
             )
         prepared = await self.prepared(task)
         relay_python: str | list[str] = self.config.python
+        if not prepared.host_usr and not self.isolated:
+            raise SandboxError(
+                f"task {task.id}: an image root (rootfs = {self.config.rootfs!r}) runs only "
+                f"under bubblewrap; install bubblewrap or set [backend] rootfs = 'host'"
+            )
         if not prepared.host_usr:
             relay_python = prepared.python or host_python_argv(self.config.python) or ""
             if self.isolated and not relay_python:
