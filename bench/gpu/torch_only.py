@@ -120,10 +120,11 @@ def part_a(device: torch.device, *, quick: bool) -> dict:
     vocab, hidden, layers, heads, context = 4096, 256, 4, 8, 512
     model = TinyLM(vocab, hidden, layers, heads, context).to(device)
     # a short fit to a fixed random "language" (a repeated pattern), so sampling is peaky
-    data = torch.randint(0, vocab, (64, 128), generator=torch.Generator().manual_seed(1))
+    rows, length = (8, 48) if quick else (64, 128)
+    data = torch.randint(0, vocab, (rows, length), generator=torch.Generator().manual_seed(1))
     data = data.to(device)
     optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(20 if quick else 120):
+    for _ in range(3 if quick else 120):
         logits = model(data[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, vocab).float(), data[:, 1:].reshape(-1))
         optim.zero_grad()
@@ -134,7 +135,12 @@ def part_a(device: torch.device, *, quick: bool) -> dict:
     rollout_model = TinyLM(vocab, hidden, layers, heads, context).to(device).to(torch.bfloat16)
     rollout_model.load_state_dict(model.state_dict())
     rollout_model.eval()
-    temperature, n, prompt_len, new = 1.0, 16 if quick else 64, 32, 64 if quick else 192
+    temperature, n, prompt_len, new = (
+        1.0,
+        4 if quick else 64,
+        16 if quick else 32,
+        8 if quick else 192,
+    )
     prompts = data[:n, :prompt_len]
     gen = torch.Generator(device=device).manual_seed(2)
     with torch.no_grad():
@@ -159,7 +165,7 @@ def part_a(device: torch.device, *, quick: bool) -> dict:
         bf16 = trainer_lp(rollout_model)
 
     model.train()
-    batch = data[:16]
+    batch = data[: 4 if quick else 16]
 
     def train_step() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -169,7 +175,7 @@ def part_a(device: torch.device, *, quick: bool) -> dict:
         loss.backward()
         optim.step()
 
-    step_ms = timed(train_step, device, 5 if quick else 20)
+    step_ms = timed(train_step, device, 2 if quick else 20)
     return {
         "tokens_compared": len(rollout_lp),
         "rollout_bf16_vs_trainer_fp32": compare(rollout_lp, fp32),
@@ -230,8 +236,8 @@ def part_b(device: torch.device, *, quick: bool) -> dict:
     bf16 = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(device).eval()
     bf16.load_state_dict(fp32.state_dict())
     engine = HfEngine.from_model(bf16, _IdsOnlyTokenizer(), HfEngineConfig(device=str(device)))
-    prompts = [[(7 * i + j) % 4000 + 1 for j in range(32)] for i in range(8)]
-    params = SamplingParams(max_tokens=32 if quick else 96, temperature=1.0, seed=3)
+    prompts = [[(7 * i + j) % 4000 + 1 for j in range(32)] for i in range(4 if quick else 8)]
+    params = SamplingParams(max_tokens=8 if quick else 96, temperature=1.0, seed=3)
 
     async def rollout():
         return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
@@ -294,7 +300,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--quick", action="store_true", help="fewer tokens and steps")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes: a dry run of the code (e.g. on a CPU)"
+    )
     parser.add_argument("--skip-b", action="store_true", help="torch only: skip part B")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():

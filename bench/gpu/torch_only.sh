@@ -22,16 +22,23 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
     echo "torch_only.sh: $PYTHON not found; set PYTHON to an interpreter with torch" >&2
     exit 2
 fi
-if ! "$PYTHON" -c "import torch" 2>/dev/null; then
-    echo "torch_only.sh: torch does not import in $PYTHON; install torch (a CUDA build)" >&2
-    exit 2
-fi
-if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "torch_only.sh: no GPU: torch.cuda.is_available() is false on this machine" \
-         "($(command -v nvidia-smi >/dev/null && echo 'nvidia-smi present' || echo 'no nvidia-smi')). " \
-         "These checks need one CUDA GPU; run them on a GPU machine." >&2
-    exit 2
-fi
+# one interpreter start (importing torch takes seconds): 0 = a GPU, 3 = no torch, 1 = no GPU
+"$PYTHON" -c "
+import sys
+try:
+    import torch
+except ImportError:
+    sys.exit(3)
+sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
+case $? in
+    0) ;;
+    3) echo "torch_only.sh: torch does not import in $PYTHON; install torch (a CUDA build)" >&2
+       exit 2 ;;
+    *) echo "torch_only.sh: no GPU: torch.cuda.is_available() is false on this machine" \
+            "($(command -v nvidia-smi >/dev/null && echo 'nvidia-smi present' || echo 'no nvidia-smi'))." \
+            "These checks need one CUDA GPU; run them on a GPU machine." >&2
+       exit 2 ;;
+esac
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 
 status=0

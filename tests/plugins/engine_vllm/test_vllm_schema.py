@@ -13,6 +13,7 @@ import json
 import httpx
 import pytest
 import vllm_schema as schema
+import vllm_standin
 from slr_engine_vllm.config import VllmEngineConfig
 from slr_engine_vllm.engine import VllmEngine
 from slr_engine_vllm.protocol import completion_request
@@ -20,6 +21,15 @@ from slr_engine_vllm.protocol import completion_request
 from slr.contracts import SamplingParams
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def standin():
+    state = vllm_standin.StandInState()
+    server, url = vllm_standin.start(state)
+    yield state, url
+    server.shutdown()
+    server.server_close()
 
 
 def test_the_engines_request_uses_only_vllms_fields():
