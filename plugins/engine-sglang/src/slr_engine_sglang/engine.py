@@ -41,7 +41,7 @@ from slr_engine_sglang.protocol import (
     generate_request,
     read_output,
 )
-from slr_engine_sglang.server import SglangServer
+from slr_engine_sglang.server import SglangServer, find_python
 from slr_engine_sglang.weights import WeightFolders
 
 log = structlog.get_logger()
@@ -399,6 +399,8 @@ def weight_folders(config: SglangEngineConfig) -> WeightFolders:
 async def start_engines(config: SglangEngineConfig) -> list[SglangEngine]:
     """Start (or attach to) every configured server, concurrently; the replicas share one
     tokenizer and one weights folder (each update is written once)."""
+    if not config.urls:
+        find_python(config)  # a launch that cannot start fails before the tokenizer loads
     tokenizer = await asyncio.to_thread(_load_tokenizer, config)
     weights = weight_folders(config)
     urls = list(config.urls) or [None] * config.replicas

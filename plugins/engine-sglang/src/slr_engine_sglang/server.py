@@ -57,19 +57,25 @@ def launch_command(config: SglangEngineConfig, *, python: str, port: int) -> lis
     return cmd + list(config.extra_args)
 
 
+def find_python(config: SglangEngineConfig) -> str:
+    """The interpreter that launches the servers, or a ``UsageError`` saying what to set."""
+    if not config.model:
+        raise UsageError("[engine] model is empty: set the model for sglang.launch_server")
+    python = shutil.which(config.python)
+    if python is None:
+        raise UsageError(
+            f"{config.python!r} is not on PATH. Set [engine] python to the interpreter that "
+            f"has SGLang installed (pip install sglang), or attach to running servers with "
+            f"[engine] urls = ['http://host:port']"
+        )
+    return python
+
+
 class SglangServer:
     """One launched SGLang server process."""
 
     def __init__(self, config: SglangEngineConfig, *, index: int = 0) -> None:
-        if not config.model:
-            raise UsageError("[engine] model is empty: set the model for sglang.launch_server")
-        python = shutil.which(config.python)
-        if python is None:
-            raise UsageError(
-                f"{config.python!r} is not on PATH. Set [engine] python to the interpreter that "
-                f"has SGLang installed (pip install sglang), or attach to running servers with "
-                f"[engine] urls = ['http://host:port']"
-            )
+        python = find_python(config)
         self.config = config
         self.index = index
         port = config.base_port + index if config.base_port else free_port(config.host)
