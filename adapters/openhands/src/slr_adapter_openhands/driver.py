@@ -12,6 +12,16 @@ import os
 import sys
 from pathlib import Path
 
+#: What ``main`` imports: a prestarted interpreter (slr.agents.prestart) imports these ahead.
+PRELOAD = (
+    "openhands.sdk",
+    "openhands.sdk.context.condenser",
+    "openhands.tools.file_editor",
+    "openhands.tools.task_tracker",
+    "openhands.tools.terminal",
+    "pydantic",
+)
+
 
 def main(settings: dict) -> int:
     # The SDK lives in the bundle's venv (Python >= 3.12), where this runs, not the dev venv.

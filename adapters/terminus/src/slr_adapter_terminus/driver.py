@@ -16,6 +16,14 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+#: What ``main`` and ``ThisMachine`` import: a prestarted interpreter (slr.agents.prestart)
+#: imports these ahead.
+PRELOAD = (
+    "harbor.agents.terminus_2.terminus_2",
+    "harbor.environments.base",
+    "harbor.models.agent.context",
+)
+
 
 class ThisMachine:
     """The sandbox itself, in the shape of the harbor environment Terminus-2 talks to."""
