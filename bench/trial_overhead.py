@@ -154,7 +154,7 @@ def settings(agent_name: str, backend: Any, task: Any, trials: int) -> dict[str,
     if agent_name == "oracle":
         agent = pm.get("agent", "oracle").create()
         pool = SandboxPool(backend, size=2, mounts=bundle_mounts(agent.bundle()))
-        pool.expect([task] * trials)
+        pool.expect([task] * (trials + 1))  # the warm-up trial takes one
         return {
             "none": (backend, agent, StandInSessions()),
             "pool": (pool, agent, StandInSessions()),
@@ -166,8 +166,8 @@ def settings(agent_name: str, backend: Any, task: Any, trials: int) -> dict[str,
         mounts = bundle_mounts(cold.bundle())
         pool = SandboxPool(backend, size=2, mounts=mounts)
         warm = SandboxPool(backend, size=2, mounts=mounts, prestart=cold.prestart)
-        pool.expect([task] * trials)
-        warm.expect([task] * trials)
+        pool.expect([task] * (trials + 1))  # the warm-up trial takes one
+        warm.expect([task] * (trials + 1))  # the warm-up trial takes one
         sessions = ScriptedSessions(SCRIPTS[agent_name])
         return {
             "before": (backend, cold, sessions),
@@ -204,7 +204,7 @@ def settings(agent_name: str, backend: Any, task: Any, trials: int) -> dict[str,
     out["litellm"] = (backend, litellm, sessions)
     out["after"] = (backend, after, sessions)
     pool = SandboxPool(backend, size=2, mounts=bundle_mounts(after.bundle()))
-    pool.expect([task] * trials)
+    pool.expect([task] * (trials + 1))  # the warm-up trial takes one
     out["after+pool"] = (pool, after, sessions)
     return out
 
