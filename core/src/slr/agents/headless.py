@@ -12,7 +12,7 @@ import contextlib
 import json
 import shlex
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -239,7 +239,7 @@ async def run_scaffold(
     root = await bundle_root(sandbox, bundle)
     command, env = adapter.command(root, endpoint)
 
-    def run(line: str) -> Any:
+    def run(line: str) -> Awaitable[AgentOutcome]:
         return run_headless(
             sandbox,
             command=line,

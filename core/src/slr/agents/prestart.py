@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from slr.contracts import ExecResult, Sandbox, SandboxError
+from slr.contracts import ExecResult, Sandbox
 
 log = structlog.get_logger()
 
@@ -80,12 +80,13 @@ class Prestarted:
         return self.wrap(shlex.join(launcher) + " </dev/null")
 
     async def finished(self) -> ExecResult | None:
-        """The interpreter's own exec once it ended (None when it did not, or failed)."""
+        """The interpreter's own exec once it ended (None when it did not end in time, was
+        cancelled, or its sandbox failed under it)."""
+        if self.server.cancelled():
+            return None
         try:
             return await asyncio.wait_for(asyncio.shield(self.server), EXIT_GRACE_S)
-        except (TimeoutError, SandboxError, asyncio.CancelledError):
-            return None
-        except Exception:
+        except Exception:  # not in time, or the sandbox died: only its logs are missing
             return None
 
     async def close(self) -> None:

@@ -4,7 +4,8 @@ This file runs inside the sandbox on the scaffold's own interpreter (the bundle'
 standard library only; ``slr.agents.prestart`` uploads it. It never imports slr.
 
 ``serve DIR MODULE...``: import the modules (the scaffold's heavy imports, paid while the
-sandbox waits in the warm pool), listen on ``DIR/sock``, say ``ready`` on the ``DIR/ready``
+sandbox waits in the warm pool; a name starting with ``?`` is optional: one that does not
+import is skipped with a line on stderr, others fail the start), listen on ``DIR/sock``, say ``ready`` on the ``DIR/ready``
 fifo, and wait for one launch. A launch brings an argv, an environment, a working folder
 and the launcher's stdin, stdout and stderr (passed as file descriptors): the interpreter
 takes them over, and runs ``argv[0]`` as ``__main__``, exactly as ``python ARGV...`` would
@@ -69,7 +70,12 @@ def serve(folder, modules):
 
     atexit.register(report)
     for name in modules:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name.lstrip("?"))
+        except ImportError as exc:
+            if not name.startswith("?"):
+                raise
+            print(f"slr-prestart: skipped {name[1:]} ({exc})", file=sys.stderr)
     path = os.path.join(folder, "sock")
     if os.path.exists(path):
         os.unlink(path)
