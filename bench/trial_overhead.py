@@ -1,7 +1,7 @@
 """Fixed cost per trial (everything but model time): the warm sandbox pool, and agent start-up.
 
     .venv/bin/python bench/trial_overhead.py --backend local --backend docker \\
-        --agent oracle --agent mini-swe-agent [--trials 5] [--json]
+        --agent oracle --agent mini-swe-agent --agent openhands --agent terminus [--trials 5] [--json]
 
 Every trial is the ``hello-world`` example task, run one after another; every figure comes
 from the trial's own ``costs`` record (slr.costs): start → agent phase (``sandbox_start``),
@@ -257,7 +257,11 @@ async def bench(backend_name: str, agent_name: str, trials: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--backend", action="append", help="local (default) and/or docker")
-    p.add_argument("--agent", action="append", help="oracle (default) and/or mini-swe-agent")
+    p.add_argument(
+        "--agent",
+        action="append",
+        help="oracle (default), mini-swe-agent, openhands, terminus, claude-code, opencode",
+    )
     p.add_argument("--trials", type=int, default=5, help="trials per setting, agent and backend")
     p.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = p.parse_args()
