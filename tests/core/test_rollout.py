@@ -154,7 +154,7 @@ class PrestartingOracle(OracleAgent):
     def __init__(self) -> None:
         super().__init__()
         self.prestarted: list[str] = []
-        self.seen: list[object] = []
+        self.seen: list[tuple[str, object]] = []
 
     async def prestart(self, sandbox):
         self.prestarted.append(sandbox.id)
@@ -183,7 +183,7 @@ def test_the_pool_runs_the_agents_prestart_and_the_trial_gets_what_it_left(tmp_p
             return await s.run(specs(2))
 
     results = asyncio.run(go())
-    assert [r.reward.value for r in results] == [1.0, 1.0]
+    assert [r.reward and r.reward.value for r in results] == [1.0, 1.0]
     assert len(agent.seen) == 2 and agent.prestarted
     for sandbox_id, token in agent.seen:  # each trial: its own sandbox's, when pooled
         assert token in (None, f"ahead-{sandbox_id}")
