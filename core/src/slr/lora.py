@@ -123,7 +123,12 @@ def inject(
     from slr.errors import ConfigError
 
     config = LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, bias="none"
+        r=rank,
+        # peft annotates an int; it only ever divides it by r, and a float alpha is fine
+        lora_alpha=alpha,  # pyright: ignore[reportArgumentType]
+        lora_dropout=dropout,
+        target_modules=target_modules,
+        bias="none",
     )
     try:
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)

@@ -41,13 +41,14 @@ class LoraSpec:
 
 
 def _tensor_bytes(value: Any) -> int:
+    """Bytes of one tensor's data (torch: numel x element_size; numpy: nbytes; else 0)."""
     nbytes = getattr(value, "nbytes", None)
     if isinstance(nbytes, int):
         return nbytes
-    numel, size = getattr(value, "numel", None), getattr(value, "element_size", None)
-    if callable(numel) and callable(size):
-        return int(numel()) * int(size())
-    return 0
+    try:
+        return int(value.numel()) * int(value.element_size())
+    except AttributeError:
+        return 0
 
 
 @frozen(kw_only=True, eq=False)
