@@ -6,12 +6,14 @@
 #
 # About 30 minutes on 2 CPU cores once set up (see README.md next to this file). Extra
 # arguments go to `slr run`, e.g. --set run.steps=4. QUICKSTART_K sets the trials per
-# held-out task of each evaluation (default 4).
+# held-out task of each evaluation (default 4). QUICKSTART_CONFIG picks the config, e.g.
+# examples/quickstart/slr-lora.toml (the LoRA variant).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=examples/quickstart
 slr=.venv/bin/slr
 k=${QUICKSTART_K:-4}
+config=${QUICKSTART_CONFIG:-$here/slr.toml}
 out=${QUICKSTART_OUT:-runs/quickstart-$(date -u +%Y%m%d-%H%M%S)}
 started=$(date +%s)
 stamp() { echo "==> [$(( $(date +%s) - started ))s] $*"; }
@@ -42,16 +44,16 @@ mkdir -p "$out"
 # in the run directories under $out.
 # 2. The base model on the held-out tasks.
 stamp "evaluating the base model on $here/tasks/heldout (k=$k)"
-"$slr" eval -c $here/slr.toml --tasks $here/tasks/heldout -k "$k" --output "$out/eval-base"
+"$slr" eval -c "$config" --tasks $here/tasks/heldout -k "$k" --output "$out/eval-base"
 
 # 3. Train on the training tasks.
 stamp "training"
-"$slr" run -c $here/slr.toml --set "run.runs_dir=\"$out\"" "$@"
+"$slr" run -c "$config" --set "run.runs_dir=\"$out\"" "$@"
 run_dir=$(ls -d "$out"/quickstart-* | tail -n 1)
 
 # 4. The trained policy on the same held-out tasks.
 stamp "evaluating the trained checkpoint $run_dir (k=$k)"
-"$slr" eval -c $here/slr.toml --tasks $here/tasks/heldout -k "$k" --checkpoint "$run_dir" \
+"$slr" eval -c "$config" --tasks $here/tasks/heldout -k "$k" --checkpoint "$run_dir" \
   --output "$out/eval-trained"
 
 # 5. Side by side.

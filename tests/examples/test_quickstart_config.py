@@ -80,3 +80,19 @@ def test_mini_config_file_is_passed_after_the_builtin_one_and_a_missing_one_is_n
     assert builtin < user  # mini merges its -c configs in order: ours wins
     with pytest.raises(UsageError, match="agent.config_file = .*nope.yaml"):
         MiniSweAgent(MiniSweAgentConfig(config_file=str(tmp_path / "nope.yaml")))
+
+
+def test_the_lora_variant_is_the_same_run_with_an_adapter(monkeypatch):
+    """slr-lora.toml differs from slr.toml only in its run name and [optimizer]: a LoRA
+    adapter with verl's option names, and a learning rate for one."""
+    import tomllib
+
+    monkeypatch.chdir(ROOT)
+    full, lora = (tomllib.loads((HERE / n).read_text()) for n in ("slr.toml", "slr-lora.toml"))
+    assert lora["run"].pop("name") == "quickstart-lora" and full["run"].pop("name")
+    options = lora.pop("optimizer")
+    full.pop("optimizer")
+    assert lora == full
+    config = load_config(HERE / "slr-lora.toml", plugins=get_plugin_manager())
+    assert config.optimizer.options.lora_rank > 0
+    assert config.optimizer.options.lr > 3e-5 and options["target_modules"] == "all-linear"

@@ -58,6 +58,7 @@ import structlog
 from slr import checkpoints
 from slr import log as slr_log
 from slr.contracts import TerminationReason, TrialResult
+from slr.contracts.weights import sync_metrics
 from slr.costs import cost_means
 from slr.errors import UsageError
 from slr.loop import Loop, no_signal, worker_metrics
@@ -325,6 +326,7 @@ class AsyncLoop(Loop):
                 f"run.mode = 'sync' with this engine."
             ) from exc
         t3 = time.monotonic()
+        metrics.update(sync_metrics(weights))
         async with self._cond:
             self.version = version
             window, self.window = self.window, StepWindow()

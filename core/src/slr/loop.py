@@ -45,6 +45,7 @@ from slr import log as slr_log
 from slr.balancer import LoadBalancer
 from slr.config import PLUGIN_SECTIONS, Config
 from slr.contracts import TrialResult
+from slr.contracts.weights import sync_metrics
 from slr.costs import cost_means
 from slr.errors import UsageError
 from slr.plugins import PluginManager
@@ -319,10 +320,10 @@ class Loop:
         metrics: dict[str, Any] = dict(await asyncio.to_thread(self.parts.optimizer.step, trials))
         t2 = time.monotonic()
         # The weights after step N are version N, in a resumed run too.
-        version = await self.parts.engine.update_weights(
-            self.parts.optimizer.export_weights(), version=step
-        )
+        weights = self.parts.optimizer.export_weights()
+        version = await self.parts.engine.update_weights(weights, version=step)
         t3 = time.monotonic()
+        metrics.update(sync_metrics(weights))
         metrics.update(
             {
                 "weights_version": version,

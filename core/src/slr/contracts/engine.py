@@ -59,7 +59,9 @@ class Engine(Protocol):
     ) -> int:
         """Swap in new weights; returns the new version. ``"drain"``: between generations
         (running ones finish first). ``"partial"``: in-flight generations pause at a token
-        boundary and continue under the new weights."""
+        boundary and continue under the new weights. ``state_dict`` may be a
+        ``slr.contracts.weights.WeightUpdate`` of kind ``"lora"``: apply the adapter over the
+        engine's base weights, or raise (``require_full``) if the engine cannot."""
         ...
 
     async def health(self) -> bool:

@@ -16,7 +16,8 @@ class Optimizer(Protocol):
         ...
 
     def export_weights(self) -> Mapping[str, Any]:
-        """The current policy weights, for ``Engine.update_weights``."""
+        """The current policy weights, for ``Engine.update_weights``: a state dict, or a
+        ``slr.contracts.weights.WeightUpdate`` (e.g. only a LoRA adapter's matrices)."""
         ...
 
     def save(self, path: Path) -> None:

@@ -45,6 +45,7 @@ from slr.contracts import (
     UpdateMode,
     collect,
 )
+from slr.contracts.weights import portable
 from slr.errors import UsageError
 from slr.runtime import cluster
 
@@ -270,7 +271,7 @@ class RayEngine:
         import ray
         from ray.exceptions import RayError
 
-        ref = state_dict if isinstance(state_dict, ray.ObjectRef) else ray.put(dict(state_dict))
+        ref = state_dict if isinstance(state_dict, ray.ObjectRef) else ray.put(portable(state_dict))
         try:
             result = await self.actor.update_weights.remote(ref, version, mode)
         except RayError as exc:
@@ -439,7 +440,7 @@ def share_weights(state_dict: Any) -> Any:
 
     if isinstance(state_dict, ray.ObjectRef):
         return state_dict
-    return ray.put(dict(state_dict))
+    return ray.put(portable(state_dict))
 
 
 def replica_handles(engine: Any) -> list[ReplicaHandle]:

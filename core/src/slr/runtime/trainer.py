@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 from slr.contracts import TrialResult
+from slr.contracts.weights import portable
 from slr.errors import UsageError
 from slr.runtime import cluster
 from slr.runtime.engines import START_TIMEOUT_S, actor_options, check_placeable
@@ -77,9 +78,10 @@ class TrainerActor:
     def step(self, batch: list[TrialResult]) -> dict[str, Any]:
         return dict(self.optimizer.step(batch))
 
-    def export_weights(self) -> dict[str, Any]:
-        # returned through the object store: the caller gets a reference, not the tensors
-        return dict(self.optimizer.export_weights())
+    def export_weights(self) -> Mapping[str, Any]:
+        # returned through the object store: the caller gets a reference, not the tensors;
+        # a WeightUpdate (a LoRA adapter) keeps its kind
+        return portable(self.optimizer.export_weights())
 
     def save_files(self) -> dict[str, bytes]:
         folder = Path(self._scratch.name) / "save"

@@ -21,6 +21,7 @@ from slr.contracts import (
     collect,
 )
 from slr.contracts.engine import check_update_mode
+from slr.lora import is_adapter_folder, load_weights, read_adapter
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.models import resolve
 from slr_engine_hf.scheduler import Request, Scheduler
@@ -51,10 +52,17 @@ class HfEngine:
         if config.threads:
             torch.set_num_threads(config.threads)
         folder = resolve(config.model)
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_DTYPES[config.dtype])
+        # A LoRA adapter folder (a LoRA checkpoint's servable weights) is served over the base
+        # model it names, applied as a weight update would apply it.
+        adapter = read_adapter(folder) if is_adapter_folder(folder) else None
+        base = resolve(adapter.lora.base_model) if adapter and adapter.lora else folder
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=_DTYPES[config.dtype])
         # PreTrainedModel.to is wrapped in a decorator whose annotations lose the bound self.
         model.to(config.device)  # pyright: ignore[reportArgumentType]
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        if adapter is not None:
+            load_weights(model, adapter)
+        has_tokenizer = (folder / "tokenizer_config.json").is_file()
+        tokenizer = AutoTokenizer.from_pretrained(str(folder if has_tokenizer else base))
         self._setup(model, tokenizer, config, source=str(folder))
 
     @classmethod
@@ -202,7 +210,10 @@ class HfEngine:
         version: int | None = None,
         mode: UpdateMode = "drain",
     ) -> int:
-        """Copy ``state_dict`` into the served model; returns the new version.
+        """Copy ``state_dict`` into the served model; returns the new version. A LoRA update
+        (``slr.contracts.weights.WeightUpdate``, kind ``"lora"``) puts its adapter on the
+        model's own base weights (peft's layers, ``slr.lora.load_weights``), so the engine
+        computes exactly what the trainer's adapted model computes.
 
         ``"drain"``: once running generations finish (new ones wait meanwhile).
         ``"partial"``: at the next token boundary; running generations continue under the

@@ -38,6 +38,7 @@ import structlog
 from filelock import FileLock
 
 from slr.errors import UsageError
+from slr.lora import is_adapter_folder
 from slr.proxy.render import turn_suffix
 
 log = structlog.get_logger()
@@ -228,7 +229,7 @@ def hub_snapshot(repo_id: str) -> Path:
 
 def resolve(model: str | os.PathLike[str]) -> Path:
     """A loadable Hugging Face folder for ``model``: a packaged name, a folder, a .gguf or a
-    Hub id in the local Hub cache."""
+    Hub id in the local Hub cache; or a LoRA adapter folder (``slr.lora``), returned as it is."""
     text = str(model)
     if text in PACKAGED:
         return ensure_model(text)
@@ -242,6 +243,8 @@ def resolve(model: str | os.PathLike[str]) -> Path:
         return path
     path = Path(text).expanduser()
     if path.is_dir():
+        if is_adapter_folder(path):
+            return path  # a LoRA adapter over the base it names (HfEngine loads both)
         if not (path / "config.json").is_file():
             raise UsageError(
                 f"model folder {str(path)!r} has no config.json; point the engine at a "

@@ -21,6 +21,16 @@ def _tokenizer_folder(model: str) -> Path:
 
 
 def _model_context(folder: Path) -> int | None:
+    from slr.lora import CONFIG, is_adapter_folder
+
+    if is_adapter_folder(folder):  # a LoRA checkpoint: the context is its base model's
+        from slr_engine_hf.models import resolve
+
+        base = json.loads((folder / CONFIG).read_text()).get("base_model_name_or_path")
+        try:
+            folder = resolve(base) if base else folder
+        except SlrError:
+            return None
     config = folder / "config.json"
     if not config.is_file():
         return None

@@ -33,6 +33,8 @@ import structlog
 import torch
 
 from slr.contracts import EngineUnavailable, Generation, GenerationChunk, SamplingParams
+from slr.contracts.weights import is_lora
+from slr.lora import load_weights
 from slr_engine_hf.batch import Batch, prefill
 from slr_engine_hf.prefix_cache import RadixPrefixCache
 from slr_engine_hf.sampling import new_generator, sample_rows, token_logprobs
@@ -208,24 +210,11 @@ class Scheduler(threading.Thread):
         if update.future.set_running_or_notify_cancel() is False:
             return False
         try:
-            model_state = self.model.state_dict()
-            unknown = [k for k in update.state_dict if k not in model_state]
-            if unknown:
-                raise KeyError(
-                    f"update_weights got {len(unknown)} names the model does not have, e.g. "
-                    f"{unknown[:3]}; send the policy's own state_dict names"
-                )
-            for name, value in update.state_dict.items():  # all checked before any copy
-                target = model_state[name]
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"update_weights: {name} has shape {tuple(value.shape)}, the model "
-                        f"expects {tuple(target.shape)}"
-                    )
-            with torch.no_grad():
-                for name, value in update.state_dict.items():
-                    target = model_state[name]
-                    target.copy_(value.to(device=target.device, dtype=target.dtype))
+            if is_lora(update.state_dict):
+                # only the adapter travels; the base weights stay as loaded (slr.lora)
+                load_weights(self.model, update.state_dict)
+            else:
+                self._copy_state(update.state_dict)
             self.version = update.version if update.version is not None else self.version + 1
             self.prefix_cache.clear()  # cached keys/values belong to the old weights
         except BaseException as exc:
@@ -233,6 +222,27 @@ class Scheduler(threading.Thread):
             return False
         update.future.set_result(self.version)
         return True
+
+    def _copy_state(self, state_dict: Mapping[str, Any]) -> None:
+        """Copy a (full or partial) state dict into the model, every name checked first."""
+        model_state = self.model.state_dict()
+        unknown = [k for k in state_dict if k not in model_state]
+        if unknown:
+            raise KeyError(
+                f"update_weights got {len(unknown)} names the model does not have, e.g. "
+                f"{unknown[:3]}; send the policy's own state_dict names"
+            )
+        for name, value in state_dict.items():  # all checked before any copy
+            target = model_state[name]
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(value.shape)}, the model "
+                    f"expects {tuple(target.shape)}"
+                )
+        with torch.no_grad():
+            for name, value in state_dict.items():
+                target = model_state[name]
+                target.copy_(value.to(device=target.device, dtype=target.dtype))
 
     def _recompute_rows(self) -> None:
         """After a partial update: rebuild the running rows' caches under the new weights.

@@ -50,6 +50,20 @@ class VllmEngineConfig:
         doc="How update_weights reaches the servers: vLLM's NCCL weight-transfer API "
         "(the trainer joins an NCCL group with the servers), or 'none' (updates refused).",
     )
+    max_lora_rank: int = option(
+        0,
+        doc="> 0: LoRA training ([optimizer] lora_rank up to this). Launched servers get "
+        "--enable-lora --max-lora-rank N and runtime adapter loading; each weight update "
+        "then loads the adapter through vLLM's /v1/load_lora_adapter (in place) and "
+        "requests name it. 0: full-weight updates only.",
+        validator=validators.ge(0),
+    )
+    lora_dir: str = option(
+        "",
+        doc="Folder the adapters are written to for the servers to load: the servers read it "
+        "at the same path (a shared filesystem for servers on other hosts). Empty: a "
+        "temporary folder on this host.",
+    )
     trainer_address: str = option(
         "",
         doc="Address the servers reach the trainer at for NCCL weight transfer (empty: this "

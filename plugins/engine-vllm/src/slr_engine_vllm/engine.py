@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,6 +23,7 @@ from slr.contracts import (
     UpdateMode,
 )
 from slr.contracts.engine import check_update_mode
+from slr.contracts.weights import WeightUpdate, is_lora
 from slr.errors import UsageError
 from slr_engine_vllm.config import VllmEngineConfig
 from slr_engine_vllm.protocol import (
@@ -65,6 +69,8 @@ class VllmEngine:
         self._version = 0
         self._closed = False
         self._updating: asyncio.Event | None = None
+        self._adapter: str | None = None  # the LoRA adapter's name once one is loaded
+        self._lora_dir: Path | None = None
         self._weights = WeightSync(
             transport=transport, trainer_address=config.trainer_address or None
         )
@@ -137,7 +143,7 @@ class VllmEngine:
         body = completion_request(
             prompt_ids,
             sampling,
-            model=self.config.served_model_name,
+            model=self._adapter or self.config.served_model_name,
             allow_truncated_logprobs=self.config.allow_truncated_logprobs,
         )
         if stream:
@@ -225,7 +231,8 @@ class VllmEngine:
         version: int | None = None,
         mode: UpdateMode = "drain",
     ) -> int:
-        """Pause the server, stream the weights in, resume; see ``weights.WeightSync``."""
+        """Pause the server, stream the weights in, resume; see ``weights.WeightSync``. A
+        LoRA update is loaded as an adapter instead (``WeightSync.load_adapter``)."""
         check_update_mode(mode)
         if mode == "partial":
             raise NotImplementedError(
@@ -234,6 +241,8 @@ class VllmEngine:
                 "resume of each request with its tokens so far, driven around /update_weights; "
                 "use mode='drain'"
             )
+        if is_lora(state_dict):
+            return await self._load_adapter(state_dict, version)
         if self.config.weight_transfer == "none":
             raise UsageError(
                 "this vLLM engine is configured with weight_transfer = 'none'; set it to "
@@ -248,6 +257,38 @@ class VllmEngine:
         finally:
             event, self._updating = self._updating, None
             event.set()
+
+    async def _load_adapter(self, update: WeightUpdate, version: int | None) -> int:
+        spec = update.lora
+        assert spec is not None  # a "lora" update carries its spec
+        if spec.rank > self.config.max_lora_rank:
+            raise UsageError(
+                f"a rank-{spec.rank} LoRA update needs [engine] max_lora_rank >= {spec.rank} "
+                f"(now {self.config.max_lora_rank}): vLLM serves adapters only up to the "
+                f"rank it was launched with (--max-lora-rank)"
+            )
+        new_version = version if version is not None else self._version + 1
+        if self._lora_dir is None:
+            base = Path(self.config.lora_dir) if self.config.lora_dir else None
+            if base is not None:
+                base.mkdir(parents=True, exist_ok=True)
+            self._lora_dir = Path(tempfile.mkdtemp(prefix=f"lora-{self.index}-", dir=base))
+        name = f"{self.config.served_model_name}-lora"
+        folder = self._lora_dir / f"v{new_version:06d}"
+        self._updating = asyncio.Event()
+        try:
+            await self._weights.load_adapter(
+                update, url=self.url, client=self.client, name=name, folder=folder
+            )
+        finally:
+            event, self._updating = self._updating, None
+            event.set()
+        for old in self._lora_dir.iterdir():  # the server holds the adapter in memory now
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+        self._adapter = name  # requests name the adapter from now on
+        self._version = new_version
+        return new_version
 
     async def health(self) -> bool:
         if self._closed or (self.server is not None and not self.server.running):

@@ -58,6 +58,8 @@ def serve_command(
         cmd += ["--enable-return-routed-experts"]
     if config.weight_transfer == "nccl":
         cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    if config.max_lora_rank:
+        cmd += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank), "--max-loras", "1"]
     return cmd + list(config.extra_args)
 
 
@@ -87,6 +89,8 @@ class VllmServer:
         env = dict(os.environ)
         # the pause / weight-transfer endpoints are only served in dev mode
         env["VLLM_SERVER_DEV_MODE"] = "1"
+        if config.max_lora_rank:  # /v1/load_lora_adapter is served only with this set
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if config.gpus_per_replica:
             env["CUDA_VISIBLE_DEVICES"] = config.gpus_per_replica[
                 index % len(config.gpus_per_replica)

@@ -12,6 +12,13 @@ NCCL from the trainer (rank 0) to the server's workers (ranks 1..N):
    while the trainer broadcasts the tensors (``trainer_send_weights``), then
    ``POST /resume``.
 
+A LoRA update (``slr.contracts.weights.WeightUpdate``, kind ``"lora"``) takes another path:
+the adapter is written as a peft folder (``slr.lora``) where the server reads it, then
+``POST /pause``, ``POST /v1/load_lora_adapter`` with ``{"lora_name", "lora_path",
+"load_inplace": true}`` (the same name each time: the adapter's weights are replaced in
+place), ``POST /resume``; requests then name the adapter as their ``model``. The server
+needs ``--enable-lora --max-lora-rank N`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
+
 The NCCL side needs ``vllm`` and a GPU in the trainer process; it is imported only when a
 first update happens. ``Transport`` is the seam: tests drive the HTTP sequence with a
 stand-in transport, since neither vLLM nor NCCL can run without a GPU.
@@ -22,13 +29,25 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 from attrs import frozen
 
 from slr.contracts import EngineUnavailable
+from slr.contracts.weights import WeightUpdate
 from slr.errors import UsageError
+from slr.lora import write_adapter
+
+_FULL_NEEDS = (
+    "the server in dev mode (VLLM_SERVER_DEV_MODE=1) and launched with --weight-transfer-config"
+)
+_LORA_NEEDS = (
+    "the server in dev mode (VLLM_SERVER_DEV_MODE=1), launched with --enable-lora and "
+    "--max-lora-rank at least the adapter's, and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
+    "(a launched server gets all three with [engine] max_lora_rank)"
+)
 
 
 class Transport(Protocol):
@@ -110,16 +129,51 @@ class WeightSync:
         self.trainer_address = trainer_address
         self._initialized = False
 
-    async def _post(self, server: Server, path: str, **kwargs: Any) -> Any:
+    async def _post(
+        self, server: Server, path: str, *, needs: str = _FULL_NEEDS, **kwargs: Any
+    ) -> Any:
         url = f"{server.url}{path}"
         response = await server.client.post(url, timeout=None, **kwargs)
         if response.status_code >= 400:
             raise EngineUnavailable(
                 f"{url} answered HTTP {response.status_code}: {response.text[:300]}. "
-                f"Weight updates need the server in dev mode (VLLM_SERVER_DEV_MODE=1) and "
-                f"launched with --weight-transfer-config"
+                f"Weight updates need {needs}"
             )
-        return response.json() if response.content else None
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:  # /v1/load_lora_adapter answers plain text ("Success: ...")
+            return response.text
+
+    async def load_adapter(
+        self,
+        update: WeightUpdate,
+        *,
+        url: str,
+        client: httpx.AsyncClient,
+        name: str,
+        folder: Path,
+    ) -> None:
+        """Write the LoRA ``update`` into ``folder`` and have the server at ``url`` load it
+        as ``name``, in place of the adapter it had under that name."""
+        server = Server(url=url, client=client)
+        await asyncio.to_thread(write_adapter, folder, update)
+        await self._post(
+            server,
+            "/pause",
+            needs=_LORA_NEEDS,
+            params={"mode": "wait", "wait_for_inflight_requests": "true"},
+        )
+        try:
+            await self._post(
+                server,
+                "/v1/load_lora_adapter",
+                needs=_LORA_NEEDS,
+                json=load_adapter_request(name, folder),
+            )
+        finally:
+            await self._post(server, "/resume", needs=_LORA_NEEDS)
 
     async def _init(self, server: Server) -> None:
         response = await server.client.get(f"{server.url}/get_world_size", timeout=60)
@@ -160,3 +214,8 @@ class WeightSync:
             )
         finally:
             await self._post(server, "/resume")
+
+
+def load_adapter_request(name: str, folder: Path) -> dict[str, Any]:
+    """The body of vLLM's ``/v1/load_lora_adapter`` for replacing adapter ``name``."""
+    return {"lora_name": name, "lora_path": str(folder), "load_inplace": True}

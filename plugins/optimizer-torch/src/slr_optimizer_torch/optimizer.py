@@ -42,7 +42,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +54,7 @@ from torch import nn
 from slr.config import AlgorithmSection, Config
 from slr.contracts import TrialResult
 from slr_optimizer_torch import batch as batching
-from slr_optimizer_torch import checkpoint, packing
+from slr_optimizer_torch import checkpoint, lora, packing
 from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.correction import offpolicy_metrics, resolve
 from slr_optimizer_torch.metrics import (
@@ -105,8 +105,12 @@ class TorchOptimizer:
             model = load_causal_lm(options.model, dtype=dtype, device=self.device)
         # PreTrainedModel.to is wrapped in a decorator whose annotations lose the bound self.
         self.model = model.to(self.device)  # pyright: ignore[reportArgumentType]
+        # lora_rank > 0: only an adapter trains (and is exported, checkpointed); lora.py
+        self.lora = lora.wrap(self.model, options)
         if options.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+            if self.lora is not None:  # frozen embeddings: let checkpointed blocks backprop
+                self.model.enable_input_require_grads()
         self._set_mode()
         self.scorer = Scorer(self.model, temperature=self.temperature)
 
@@ -492,8 +496,11 @@ class TorchOptimizer:
 
     # -- weights and checkpoints ---------------------------------------------------------
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's state dict, copied to the CPU (for ``Engine.update_weights``)."""
+    def export_weights(self) -> Mapping[str, torch.Tensor]:
+        """The policy's state dict, copied to the CPU (for ``Engine.update_weights``); with
+        LoRA, only the adapter's matrices (a ``WeightUpdate`` of kind ``"lora"``)."""
+        if self.lora is not None:
+            return lora.export(self.model, self.lora)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def save(self, path: Path) -> None:
