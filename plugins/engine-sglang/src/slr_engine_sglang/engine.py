@@ -31,6 +31,7 @@ from slr.contracts import (
     collect,
 )
 from slr.contracts.engine import check_update_mode
+from slr.contracts.weights import require_full
 from slr.errors import UsageError
 from slr_engine_sglang.config import SglangEngineConfig
 from slr_engine_sglang.protocol import (
@@ -294,6 +295,8 @@ class SglangEngine:
         running requests are aborted at a token boundary and continue afterwards under
         the new weights (``stream``)."""
         check_update_mode(mode)
+        # SGLang loads LoRA adapters by path, not as an update of the base's weights
+        state_dict = require_full(state_dict, engine="sglang")
         if self.config.weight_update == "none":
             raise UsageError(
                 "this SGLang engine is configured with weight_update = 'none'; set it to "
