@@ -64,10 +64,13 @@ def test_step_buckets_checkpoint_round_trip_and_close(tiny_model_dir, tmp_path):
         assert opt.steps == 1 and opt.updates == 1
         torch.testing.assert_close(opt.logprobs(tb), after, rtol=0, atol=1e-6)
 
-        # the servable folder is a Hugging Face model holding the saved weights
+        # the servable folder is a Hugging Face model holding the saved weights (verl's
+        # manager writes config.json with dtype bfloat16; the tensors are the fp32 ones)
         from transformers import AutoModelForCausalLM
 
-        served = AutoModelForCausalLM.from_pretrained(opt.servable_weights(folder))
+        served = AutoModelForCausalLM.from_pretrained(
+            opt.servable_weights(folder), dtype=torch.float32
+        )
         state = served.state_dict()
         for name in names:
             torch.testing.assert_close(state[name], saved[name], rtol=0, atol=0)

@@ -43,6 +43,11 @@ def _device_module() -> SimpleNamespace:
     module.reset_peak_memory_stats = none
     module.empty_cache = none
     module.ipc_collect = none
+    module.set_per_process_memory_fraction = none
+    # verl's checkpoint manager stores the device's RNG under the device's name, which for
+    # this platform is the host's own generator
+    module.get_rng_state = torch.get_rng_state
+    module.set_rng_state = torch.set_rng_state
     module.manual_seed = torch.manual_seed
     module.manual_seed_all = torch.manual_seed
     module.is_available = lambda: True
