@@ -26,7 +26,6 @@ from typing import Any
 
 import attrs
 import torch
-
 from slr_optimizer_torch.batch import PAD_ID, TrainBatch
 
 
@@ -41,7 +40,9 @@ class Layout:
     def of(cls, tb: TrainBatch) -> Layout:
         policy = tb.response_mask > 0
         if not bool(policy.any(dim=-1).all()):
-            raise ValueError("every row of the batch needs a policy token (assemble drops the rest)")
+            raise ValueError(
+                "every row of the batch needs a policy token (assemble drops the rest)"
+            )
         first = policy.float().argmax(dim=-1) + 1  # shifted column t scores token t + 1
         return cls(first=first.long(), length=tb.lengths.long())
 

@@ -60,11 +60,12 @@ def _device_module() -> SimpleNamespace:
     return module
 
 
+_DEVICE_MODULE = _device_module()
+
+
 @PlatformRegistry.register(platform=PLATFORM)
 class CPUPlatform(PlatformBase):
     """The host CPU as verl's device: ``cpu`` tensors, ``gloo`` collectives."""
-
-    _module: SimpleNamespace | None = None
 
     @property
     def device_name(self) -> str:
@@ -76,9 +77,7 @@ class CPUPlatform(PlatformBase):
 
     @property
     def device_module(self) -> Any:
-        if CPUPlatform._module is None:
-            CPUPlatform._module = _device_module()
-        return CPUPlatform._module
+        return _DEVICE_MODULE
 
     def is_available(self) -> bool:
         return True

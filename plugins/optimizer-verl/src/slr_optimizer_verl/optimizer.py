@@ -22,7 +22,6 @@ that gathers each tensor when read); checkpoints are verl's checkpoint manager's
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,14 +31,14 @@ from typing import Any
 import attrs
 import structlog
 import torch
-
-from slr.config import AlgorithmSection, Config
-from slr.contracts import TrialResult
-from slr.errors import ConfigError
 from slr_optimizer_torch import batch as batching
 from slr_optimizer_torch.metrics import logprob_agreement, trial_metrics, version_metrics
 from slr_optimizer_torch.model import resolve_model_name
 from slr_optimizer_torch.verl_config import algo_config, check_names
+
+from slr.config import AlgorithmSection, Config
+from slr.contracts import TrialResult
+from slr.errors import ConfigError
 from slr_optimizer_verl import checkpoint
 from slr_optimizer_verl.batch import Layout, to_verl
 from slr_optimizer_verl.config import VerlOptimizerConfig
@@ -246,7 +245,9 @@ class VerlOptimizer:
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             yield name, full.detach().to("cpu", copy=True)
 
-    def weight_buckets(self, max_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def weight_buckets(
+        self, max_bytes: int | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The policy's weights as buckets of ``(name, tensor)`` of at most ``max_bytes``
         (``[optimizer] weight_bucket_bytes``; a larger tensor is a bucket of its own).
         Only one bucket is held at a time: nothing copies the whole state dict."""

@@ -18,7 +18,9 @@ from slr.config import AlgorithmSection
 from slr.contracts import TrialResult
 
 
-def agreement_trials(vocab: int, *, seed: int = 0, groups: int = 2, n: int = 3) -> list[TrialResult]:
+def agreement_trials(
+    vocab: int, *, seed: int = 0, groups: int = 2, n: int = 3
+) -> list[TrialResult]:
     from slr_optimizer_torch.testing import trial
 
     g = torch.Generator().manual_seed(seed)
@@ -59,12 +61,13 @@ def compare(
     from slr_optimizer_verl.optimizer import VerlOptimizer
 
     algorithm = algorithm or AlgorithmSection()
-    common = dict(model=model_path, lr=lr, dtype="float32", device="cpu")
     out: dict[str, Any] = {}
 
     t0 = time.perf_counter()
     torch_opt = TorchOptimizer(
-        TorchOptimizerConfig(pack="none", **common), algorithm=algorithm, temperature=temperature
+        TorchOptimizerConfig(model=model_path, lr=lr, dtype="float32", device="cpu", pack="none"),
+        algorithm=algorithm,
+        temperature=temperature,
     )
     torch_metrics = torch_opt.step(trials)
     tb = batching.assemble(trials)
@@ -74,7 +77,7 @@ def compare(
 
     t0 = time.perf_counter()
     verl_opt = VerlOptimizer(
-        VerlOptimizerConfig(attn_implementation="sdpa", **common),
+        VerlOptimizerConfig(model=model_path, lr=lr, dtype="float32", device="cpu"),
         algorithm=algorithm,
         temperature=temperature,
     )

@@ -129,8 +129,12 @@ def actor_config(algorithm: AlgorithmSection, options: VerlOptimizerConfig) -> A
 def worker_config(options: VerlOptimizerConfig, *, model_path: str, device: str) -> Any:
     """verl's ``TrainingWorkerConfig`` for the actor: model, FSDP engine, AdamW, checkpoints."""
     from verl.trainer.config.config import CheckpointConfig
-    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
-    from verl.workers.engine_workers import TrainingWorkerConfig
+    from verl.workers.config import (
+        FSDPEngineConfig,
+        FSDPOptimizerConfig,
+        HFModelConfig,
+        TrainingWorkerConfig,
+    )
 
     dtype = _DTYPES[options.dtype]
     model = HFModelConfig(

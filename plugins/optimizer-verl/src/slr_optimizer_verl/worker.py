@@ -15,10 +15,13 @@ from __future__ import annotations
 import os
 import socket
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
+
+if TYPE_CHECKING:
+    from verl.workers.engine_workers import TrainingWorker
 
 log = structlog.get_logger()
 
@@ -72,9 +75,15 @@ class WorkerGroup:
         from verl.workers.engine_workers import TrainingWorker
 
         log.info("optimizer.verl.worker.start", device=device, world_size=1)
-        self.worker = TrainingWorker(config=config)
-        self.worker.set_loss_fn(loss_fn=loss_fn)
-        self.worker.reset()  # builds the model, FSDP wrapping, optimizer, lr scheduler
+        self._worker: TrainingWorker | None = TrainingWorker(config=config)
+        self._worker.set_loss_fn(loss_fn=loss_fn)
+        self._worker.reset()  # builds the model, FSDP wrapping, optimizer, lr scheduler
+
+    @property
+    def worker(self) -> Any:
+        if self._worker is None:
+            raise RuntimeError("the verl optimizer was closed; build a new one")
+        return self._worker
 
     @property
     def engine(self) -> Any:
@@ -95,7 +104,7 @@ class WorkerGroup:
     def close(self) -> None:
         import torch.distributed as dist
 
-        self.worker = None  # type: ignore[assignment]
+        self._worker = None
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self.owns_group = False
