@@ -112,8 +112,16 @@ class VerlOptimizer:
         self.model_path = resolve_model_name(options.model)
         self.actor_cfg = actor_config(algorithm, options)
         self.algo_cfg = algo_config(algorithm)
+        try:
+            config = worker_config(options, model_path=self.model_path, device=self.device)
+        except (OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"cannot load model {self.model_path!r} for the verl optimizer: {first}. Point "
+                f"[optimizer] model at a Hugging Face model folder (config.json + weights)."
+            ) from exc
         self.group = WorkerGroup(
-            worker_config(options, model_path=self.model_path, device=self.device),
+            config,
             loss_fn=ppo_loss_fn(self.actor_cfg),
             device=self.device,
         )

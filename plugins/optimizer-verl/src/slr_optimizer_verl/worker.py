@@ -75,9 +75,13 @@ class WorkerGroup:
         from verl.workers.engine_workers import TrainingWorker
 
         log.info("optimizer.verl.worker.start", device=device, world_size=1)
-        self._worker: TrainingWorker | None = TrainingWorker(config=config)
-        self._worker.set_loss_fn(loss_fn=loss_fn)
-        self._worker.reset()  # builds the model, FSDP wrapping, optimizer, lr scheduler
+        try:
+            self._worker: TrainingWorker | None = TrainingWorker(config=config)
+            self._worker.set_loss_fn(loss_fn=loss_fn)
+            self._worker.reset()  # builds the model, FSDP wrapping, optimizer, lr scheduler
+        except BaseException:
+            self.close()  # no process group left behind by a worker that never started
+            raise
 
     @property
     def worker(self) -> Any:
@@ -105,7 +109,7 @@ class WorkerGroup:
         import torch.distributed as dist
 
         self._worker = None
-        if self.owns_group and dist.is_initialized():
+        if getattr(self, "owns_group", False) and dist.is_initialized():
             dist.destroy_process_group()
             self.owns_group = False
 
