@@ -11,7 +11,9 @@ difference of the policy-token log-probs after the update.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 
 from slr_optimizer_verl.testing import agreement_trials, compare
 
@@ -32,12 +34,14 @@ def main() -> None:
 
     model = resolve_model_name(args.model)
     trials = agreement_trials(49152, groups=args.groups, n=args.n)
-    out = compare(
-        model,
-        trials,
-        algorithm=AlgorithmSection(adv_estimator="grpo", policy_loss=args.policy_loss),
-        temperature=args.temperature,
-    )
+    # verl prints progress to stdout; keep stdout for the table or the one JSON object
+    with contextlib.redirect_stdout(sys.stderr):
+        out = compare(
+            model,
+            trials,
+            algorithm=AlgorithmSection(adv_estimator="grpo", policy_loss=args.policy_loss),
+            temperature=args.temperature,
+        )
     out["model"] = args.model
     if args.json:
         print(json.dumps(out))
