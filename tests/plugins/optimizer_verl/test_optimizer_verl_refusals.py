@@ -44,3 +44,25 @@ def test_what_is_not_built_is_refused_by_name(options, algorithm, names):
     with pytest.raises(ConfigError, match=names) as caught:
         VerlOptimizer(opts, algorithm=AlgorithmSection(**algorithm), temperature=1.0)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_process_where_verl_already_chose_its_platform_is_told_so():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
+    code = (
+        "from verl.utils.device import get_device_name\n"
+        "get_device_name()\n"  # verl decides its platform here, once per process
+        "from slr_optimizer_verl.cpu_platform import select_cpu\n"
+        "select_cpu()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode != 0
+    assert "verl already chose the" in done.stderr
+    assert "VERL_PLATFORM=cpu" in done.stderr
