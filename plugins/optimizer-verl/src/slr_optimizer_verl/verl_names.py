@@ -1,0 +1,176 @@
+"""The ``[optimizer]`` options in verl's terms, both ways, and the verl configs built from them.
+
+``VERL_PATHS`` names each option's path in verl's trainer config (``ppo_trainer.yaml``), the
+same paths docs/training.md's table gives for the torch optimizer's options of the same
+name; options verl has no path for (``eps`` goes into verl's
+``override_optimizer_config``; the rest are slr's own) are left out. ``to_verl`` writes an
+options object as ``{path: value}`` in verl's spelling of the values (``fp32``, lists);
+``from_verl`` reads such a mapping (flat paths, or nested as in verl's yaml) back, so a verl
+user's settings carry over and an slr config can be shown as verl would write it.
+
+``worker_config`` builds the real classes verl's ``TrainingWorker`` takes (model, FSDP
+engine, optimizer, checkpoint configs) and ``actor_config`` the ``ActorConfig`` verl's
+``ppo_loss`` reads, so every name and default below is verl's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from slr.config import AlgorithmSection
+from slr.errors import ConfigError
+from slr_optimizer_verl.config import VerlOptimizerConfig
+
+VERL_PATHS: dict[str, str] = {
+    "model": "actor_rollout_ref.model.path",
+    "device": "trainer.device",
+    "dtype": "actor_rollout_ref.actor.fsdp_config.model_dtype",
+    "strategy": "actor_rollout_ref.actor.strategy",
+    "world_size": "trainer.n_gpus_per_node",
+    "lr": "actor_rollout_ref.actor.optim.lr",
+    "weight_decay": "actor_rollout_ref.actor.optim.weight_decay",
+    "betas": "actor_rollout_ref.actor.optim.betas",
+    "clip_grad": "actor_rollout_ref.actor.optim.clip_grad",
+    "micro_batch_tokens": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "ppo_epochs": "actor_rollout_ref.actor.ppo_epochs",
+    "ppo_mini_batch_size": "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "old_logprobs": "algorithm.rollout_correction.bypass_mode",
+    "gradient_checkpointing": "actor_rollout_ref.model.enable_gradient_checkpointing",
+}
+
+#: slr's spelling -> verl's, per option whose values verl spells differently.
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_VALUES: dict[str, dict[Any, Any]] = {
+    "dtype": _DTYPES,
+    "old_logprobs": {"recompute": False, "rollout": True},
+}
+
+
+def to_verl(options: VerlOptimizerConfig) -> dict[str, Any]:
+    """``{verl config path: value}`` for every option verl has a path for."""
+    out: dict[str, Any] = {}
+    for name, path in VERL_PATHS.items():
+        value = getattr(options, name)
+        value = _VALUES.get(name, {}).get(value, value)
+        out[path] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and path not in VERL_PATHS.values():
+            out.update(_flatten(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+def from_verl(
+    settings: Mapping[str, Any], base: VerlOptimizerConfig | None = None
+) -> VerlOptimizerConfig:
+    """Options from verl's config paths (flat ``a.b.c`` keys, or nested as in verl's yaml).
+
+    Paths this optimizer has no option for are ignored (verl's config has hundreds);
+    a value that does not fit the option fails naming the path and the option.
+    """
+    flat = _flatten(settings)
+    changes: dict[str, Any] = {}
+    for name, path in VERL_PATHS.items():
+        if path not in flat:
+            continue
+        value = flat[path]
+        back = {v: k for k, v in _VALUES.get(name, {}).items()}
+        if back:
+            if value not in back:
+                raise ConfigError(
+                    f"verl's {path} = {value!r} has no [optimizer] {name} counterpart; "
+                    f"use one of {sorted(map(repr, back))}"
+                )
+            value = back[value]
+        if name == "betas":
+            value = tuple(value)
+        changes[name] = value
+    try:
+        return attrs.evolve(base or VerlOptimizerConfig(), **changes)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"verl settings do not make valid [optimizer] options: {exc}") from exc
+
+
+def actor_config(algorithm: AlgorithmSection, options: VerlOptimizerConfig) -> Any:
+    """verl's ``ActorConfig``: what its ``ppo_loss`` and policy losses read."""
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    return ActorConfig(
+        strategy=options.strategy,
+        rollout_n=1,  # groups come from the trials' group ids, not a fixed n
+        ppo_mini_batch_size=1,  # sizes are set per call (rows), not from here
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=options.micro_batch_tokens,
+        use_torch_compile=False,
+        clip_ratio=algorithm.clip_ratio_low,
+        clip_ratio_low=algorithm.clip_ratio_low,
+        clip_ratio_high=algorithm.clip_ratio_high,
+        policy_loss=PolicyLossConfig(loss_mode=algorithm.policy_loss),
+        loss_agg_mode=algorithm.loss_agg_mode,
+        entropy_coeff=algorithm.entropy_coeff,
+        use_kl_loss=algorithm.use_kl_loss,
+        kl_loss_coef=algorithm.kl_loss_coef,
+        kl_loss_type=algorithm.kl_loss_type,
+        ppo_epochs=options.ppo_epochs,
+        loss_scale_factor=algorithm.loss_scale_factor,
+    )
+
+
+def worker_config(options: VerlOptimizerConfig, *, model_path: str, device: str) -> Any:
+    """verl's ``TrainingWorkerConfig`` for the actor: model, FSDP engine, AdamW, checkpoints."""
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.workers.config import (
+        FSDPEngineConfig,
+        FSDPOptimizerConfig,
+        HFModelConfig,
+        TrainingWorkerConfig,
+    )
+
+    dtype = _DTYPES[options.dtype]
+    model = HFModelConfig(
+        path=model_path,
+        use_remove_padding=False,  # verl's no-padding path needs flash-attn's varlen kernels
+        enable_gradient_checkpointing=options.gradient_checkpointing,
+        override_config={"attn_implementation": options.attn_implementation},
+    )
+    engine = FSDPEngineConfig(
+        strategy=options.strategy,
+        model_dtype=dtype,
+        # verl's default mixed precision computes in bf16; the parameters' dtype throughout
+        mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+        use_dynamic_bsz=True,
+        max_token_len_per_gpu=options.micro_batch_tokens,
+        infer_max_token_len_per_gpu=options.micro_batch_tokens,
+        use_torch_compile=device != "cpu",
+        seed=options.seed,
+    )
+    optim = FSDPOptimizerConfig(
+        lr=options.lr,
+        weight_decay=options.weight_decay,
+        betas=(options.betas[0], options.betas[1]),
+        # verl hands clip_grad to clip_grad_norm_, where 0 would zero every gradient
+        clip_grad=options.clip_grad if options.clip_grad > 0 else float("inf"),
+        override_optimizer_config={"eps": options.eps},
+        lr_scheduler_type="constant",
+    )
+    checkpoint = CheckpointConfig(
+        save_contents=["model", "optimizer", "extra", "hf_model"],
+        load_contents=["model", "optimizer", "extra"],
+    )
+    return TrainingWorkerConfig(
+        model_type="language_model",
+        model_config=model,
+        engine_config=engine,
+        optimizer_config=optim,
+        checkpoint_config=checkpoint,
+    )
