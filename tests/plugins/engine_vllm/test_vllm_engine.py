@@ -192,11 +192,21 @@ def test_unreachable_server_is_engine_unavailable():
 
 
 def test_routed_experts_are_requested_and_returned(standin):
-    _, url = standin
+    state, url = standin
+    state.routed_experts = True
     config = VllmEngineConfig(model="m", return_routed_experts=True, max_context=64)
     engine = VllmEngine(config, url=url, tokenizer=object())
     gen = asyncio.run(engine.generate([5], SamplingParams(max_tokens=2)))
-    assert gen.routed_experts == [[[2, 3]], [[3, 0]]]
+    # the prompt token and the first sampled one (6) were run; the last (7) never is
+    assert gen.routed_experts is not None and gen.routed_experts.tolist() == [[[1, 2]], [[2, 3]]]
+
+    # vLLM streams no routing: with capture on, the stream is the whole completion at once
+    async def streamed():
+        return [c async for c in engine.stream([5], SamplingParams(max_tokens=2))]
+
+    chunks = asyncio.run(streamed())
+    assert len(chunks) == 1 and chunks[0].routed_experts == gen.routed_experts
+    assert not state.requests[-1]["body"].get("stream")
     assert "--enable-return-routed-experts" in serve_command(
         config, executable="vllm", port=1, max_context=0
     )

@@ -39,6 +39,9 @@ class StandInState:
         self.fail_with: int | None = None  # answer completions with this HTTP status
         self.garble = False  # answer completions without logprobs
         self.world_size = 1
+        # as if launched with --enable-return-routed-experts: every non-streamed choice
+        # carries the routing of each token run, as vLLM sends it (base64 .npy)
+        self.routed_experts = False
         self.lock = threading.Lock()
 
 
@@ -100,8 +103,8 @@ def completion(state: StandInState, body: dict) -> tuple[int, dict]:
     }
     if state.return_token_ids and body.get("return_token_ids"):
         choice["token_ids"] = ids
-    if body.get("return_routed_experts"):
-        choice["routed_experts"] = [[[t % 4, (t + 1) % 4]] for t in ids]
+    if state.routed_experts and not body.get("stream"):
+        choice["routed_experts"] = routed_experts_npy([*prompt, *ids][:-1])
     return 200, {
         "id": "cmpl-standin",
         "object": "text_completion",
@@ -114,6 +117,20 @@ def completion(state: StandInState, body: dict) -> tuple[int, dict]:
             "total_tokens": len(prompt) + len(ids),
         },
     }
+
+
+def routed_experts_npy(ran: list[int]) -> str:
+    """vLLM's ``routed_experts``: base64 of a ``.npy`` [tokens, layers, top_k] array; here
+    one layer routing token t to experts t % 4 and (t + 1) % 4, as int32 (vLLM's widest)."""
+    import base64
+    import io
+
+    import numpy as np
+
+    array = np.array([[[t % 4, (t + 1) % 4]] for t in ran], dtype=np.int32).reshape(-1, 1, 2)
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def make_handler(state: StandInState):
@@ -151,8 +168,6 @@ def make_handler(state: StandInState):
                 }
                 if ids is not None:
                     part["token_ids"] = ids[i : i + 1]
-                if "routed_experts" in choice:
-                    part["routed_experts"] = choice["routed_experts"][i : i + 1]
                 chunk = {**payload, "object": "text_completion", "choices": [part]}
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()

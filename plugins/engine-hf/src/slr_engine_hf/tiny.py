@@ -197,6 +197,39 @@ def teach(
     return float(worst.item())
 
 
+def pretrain(
+    model: PreTrainedModel,
+    tok: Any,
+    text: str,
+    *,
+    steps: int = 40,
+    window: int = 128,
+    batch: int = 8,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """A few next-token-prediction steps on ``text`` (windows of ``window`` tokens, Adam),
+    so a random model stops being uniform: a MoE model's routers learn to prefer experts
+    per token, as a trained model's do. Returns the loss of each step; eval mode after."""
+    ids = torch.tensor(tok.encode(text, add_special_tokens=False), dtype=torch.long)
+    if len(ids) <= window:
+        raise ValueError(f"pretrain needs more than {window} tokens of text; got {len(ids)}")
+    g = torch.Generator().manual_seed(seed)
+    optim = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - window, (batch,), generator=g)
+        rows = torch.stack([ids[int(s) : int(s) + window] for s in starts])
+        optim.zero_grad()
+        loss = model(input_ids=rows, labels=rows).loss
+        loss.backward()
+        optim.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
 def save(model: PreTrainedModel, tok: Any, folder: str | os.PathLike[str]) -> Path:
     """Write a model folder that ``HfEngine(HfEngineConfig(model=str(folder)))`` loads."""
     path = Path(folder)

@@ -17,15 +17,32 @@ refused unless the engine is configured to allow it.
 Streaming uses the same request with ``stream: true``: server-sent events, each a
 completion chunk whose choice carries the new tokens' ids and log-probs, the last one its
 ``finish_reason``, then ``data: [DONE]``.
+
+Routed experts (MoE): a server launched with ``--enable-return-routed-experts`` adds
+``routed_experts`` to each non-streamed choice, a base64-encoded ``.npy`` array of shape
+``[prompt + generated - 1, MoE layers, top_k]`` (uint8, uint16 or int32): every token the
+model ran, the prompt included, as the hf engine reports it (vLLM's
+``CompletionResponseChoice`` in ``vllm/entrypoints/openai/completion/protocol.py``). No
+request field asks for it (``routed_experts_prompt_start`` could skip a prefix; it is
+left at 0), and streamed choices do not carry it. ``parse_routed_experts`` also reads the
+nested-list form (``[token][layer][ids]``) some servers and stand-ins send.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from slr.contracts import ContextOverflow, Generation, GenerationChunk, SamplingParams
+from slr.contracts import (
+    ContextOverflow,
+    Generation,
+    GenerationChunk,
+    RoutedExperts,
+    SamplingParams,
+)
 from slr.contracts.records import FinishReason
 
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
@@ -43,7 +60,6 @@ def completion_request(
     *,
     model: str,
     allow_truncated_logprobs: bool = False,
-    return_routed_experts: bool = False,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /v1/completions`` for one generation."""
     if not allow_truncated_logprobs and (sampling.top_k or sampling.top_p < 1.0):
@@ -77,8 +93,6 @@ def completion_request(
         body["stop"] = list(sampling.stop)
     if sampling.stop_token_ids:
         body["stop_token_ids"] = list(sampling.stop_token_ids)
-    if return_routed_experts:
-        body["return_routed_experts"] = True
     return body
 
 
@@ -93,7 +107,7 @@ def parse_completion(data: Any, *, prompt_tokens: int, weights_version: int) -> 
         token_ids=ids,
         logprobs=values,
         finish_reason=reason,
-        routed_experts=choice.get("routed_experts"),
+        routed_experts=parse_routed_experts(choice.get("routed_experts")),
         weights_version=weights_version,
         prompt_tokens=prompt_tokens,
     )
@@ -111,10 +125,22 @@ def parse_chunk(data: Any, *, prompt_tokens: int, weights_version: int) -> Gener
         token_ids=ids,
         logprobs=values,
         weights_versions=[weights_version] * len(ids),
-        routed_experts=choice.get("routed_experts"),
+        routed_experts=parse_routed_experts(choice.get("routed_experts")),
         finish_reason=reason,
         prompt_tokens=prompt_tokens,
     )
+
+
+def parse_routed_experts(value: Any) -> RoutedExperts | None:
+    """A choice's ``routed_experts``: vLLM's base64 ``.npy`` string, nested lists, or None."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, str):
+            return RoutedExperts.from_npy(base64.b64decode(value, validate=True))
+        return RoutedExperts.from_lists(value)
+    except (ValueError, TypeError, IndexError, SyntaxError, binascii.Error) as exc:
+        raise ProtocolError(f"unreadable routed_experts in the response: {exc}") from exc
 
 
 def _choice(data: Any) -> dict[str, Any]:
