@@ -322,8 +322,8 @@ class AlgorithmSection:
     )
     routing_replay: bool = option(
         False,
-        doc="MoE routing replay (R3; verl's actor.router_replay.mode = 'R3'): the trainer's "
-        "forward pass routes each token through the experts the rollout engine chose (gate "
+        doc="MoE routing replay (R3; verl's router_replay.mode = 'R3'): the trainer's forward "
+        "pass routes each token through the experts the rollout engine chose (gate "
         "weights recomputed from the trainer's own router logits, so the router still "
         "learns). Needs a MoE model and [engine] return_routed_experts = true.",
     )

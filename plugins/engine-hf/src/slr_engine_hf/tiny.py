@@ -51,11 +51,14 @@ def tiny_model(
     max_context: int = 2048,
     seed: int = 0,
     tok: Any = None,
+    init_std: float = 0.02,
 ) -> tuple[PreTrainedModel, Any]:
     """A randomly initialised causal LM of ``architecture`` and the SmolLM2 tokenizer.
 
     ``qwen3_moe`` and ``mixtral`` build mixture-of-experts models (``experts`` experts,
-    ``experts_per_token`` routed per token) for routing-capture tests.
+    ``experts_per_token`` routed per token) for routing-capture tests. ``init_std`` is the
+    weights' initialisation scale (transformers' ``initializer_range``): larger makes the
+    experts' outputs, and so the choice between them, weigh more in the residual stream.
     """
     from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2Config, Qwen3MoeConfig
 
@@ -72,6 +75,7 @@ def tiny_model(
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
+        initializer_range=init_std,
     )
     if architecture == "qwen2":
         config = Qwen2Config(**common)
