@@ -1,7 +1,8 @@
 """MoE routing replay (R3): rollout-trainer log-prob agreement with and without replay.
 
-A small mixture-of-experts model (transformers' Qwen3-MoE architecture, random init,
-SmolLM2's tokenizer) is trained for a few dozen steps on real text (this repository's
+A small mixture-of-experts model (transformers' Qwen3-MoE architecture, random init with
+``--init-std`` 0.1 so the experts' outputs weigh in the residual stream, SmolLM2's
+tokenizer) is trained for a few dozen steps on real text (this repository's
 docs) so its routers prefer experts per token. The rollout engine (``slr-engine-hf``)
 runs a bf16 copy and records the experts every token was routed to; the trainer
 (``slr-optimizer-torch``) scores the sampled tokens in fp32 with ``[algorithm]
@@ -108,6 +109,12 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument(
+        "--init-std",
+        type=float,
+        default=0.1,
+        help="initialisation scale: larger makes the experts' outputs weigh more",
+    )
     parser.add_argument("--train-steps", type=int, default=30)
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=48, help="prompt tokens per trial")
@@ -130,6 +137,7 @@ def main() -> None:
         experts=args.experts,
         experts_per_token=args.top_k,
         seed=args.seed,
+        init_std=args.init_std,
     )
     text = corpus()
     progress("model built; training")
@@ -165,6 +173,7 @@ def main() -> None:
             "hidden": args.hidden,
             "experts": args.experts,
             "top_k": args.top_k,
+            "init_std": args.init_std,
             "train_steps": args.train_steps,
             "train_loss_first_last": [losses[0], losses[-1]],
         },
