@@ -2,12 +2,13 @@
 
 A small mixture-of-experts model (transformers' Qwen3-MoE architecture, random init with
 ``--init-std`` 0.1 so the experts' outputs weigh in the residual stream, SmolLM2's
-tokenizer) is trained for a few dozen steps on real text (this repository's
-docs) so its routers prefer experts per token. The rollout engine (``slr-engine-hf``)
-runs a bf16 copy and records the experts every token was routed to; the trainer
-(``slr-optimizer-torch``) scores the sampled tokens in fp32 with ``[algorithm]
-routing_replay`` off and on, on the same trials, side by side. The figures are the
-trainer's own pre-update agreement metrics on policy tokens: Pearson correlation and max
+tokenizer) is trained for a few dozen steps on real text (this repository's docs) so its
+routers prefer experts per token. The rollout engine (``slr-engine-hf``)
+runs a bf16 copy, scores real text continuations of real text prompts (forced decoding:
+the policy tokens are the text's next tokens) and records the experts every token was
+routed to; the trainer (``slr-optimizer-torch``) scores the same tokens in fp32 with
+``[algorithm] routing_replay`` off and on, on the same trials, side by side. The figures
+are the trainer's own pre-update agreement metrics on policy tokens: Pearson correlation and max
 |diff| of log-probs, and the share of (token, MoE layer) pairs whose recorded experts
 differ from those the fp32 trainer would pick. An fp32 engine row checks that replaying
 captured routing is exact.
@@ -50,15 +51,17 @@ def prompts(tok, text: str, n: int, length: int, seed: int) -> list[list[int]]:
     return [ids[s : s + length] for s in starts]
 
 
-async def rollout(model, tok, prompt_ids, *, max_tokens: int, temperature: float):
+async def rollout(model, tok, prompt_ids, completions, *, temperature: float):
+    """The engine's log-probs and routing of each completion after its prompt (forced
+    decoding: the tokens are real text, as most of an agent's context is)."""
     engine = HfEngine.from_model(model, tok, HfEngineConfig(return_routed_experts=True))
     try:
-        sampling = [
-            SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i)
-            for i in range(len(prompt_ids))
-        ]
+        sampling = SamplingParams(temperature=temperature)
         return await asyncio.gather(
-            *(engine.generate(p, s) for p, s in zip(prompt_ids, sampling, strict=True))
+            *(
+                engine.force_decode(p, c, sampling)
+                for p, c in zip(prompt_ids, completions, strict=True)
+            )
         )
     finally:
         await engine.close()
@@ -115,10 +118,10 @@ def main() -> None:
         default=0.1,
         help="initialisation scale: larger makes the experts' outputs weigh more",
     )
-    parser.add_argument("--train-steps", type=int, default=30)
+    parser.add_argument("--train-steps", type=int, default=20)
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=48, help="prompt tokens per trial")
-    parser.add_argument("--tokens", type=int, default=48, help="sampled tokens per trial")
+    parser.add_argument("--tokens", type=int, default=48, help="policy tokens per trial")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--pack", default="none", choices=["none", "tree"])
     parser.add_argument("--seed", type=int, default=0)
@@ -146,13 +149,15 @@ def main() -> None:
     )
     progress(f"trained: loss {losses[0]:.2f} -> {losses[-1]:.2f}")
     train_s = time.perf_counter() - started
-    ps = prompts(tok, text, args.trials, args.prompt, args.seed + 1)
+    windows = prompts(tok, text, args.trials, args.prompt + args.tokens, args.seed + 1)
+    ps = [w[: args.prompt] for w in windows]
+    completions = [w[args.prompt :] for w in windows]
 
     rows, policy_tokens = [], 0
     for engine_dtype in ("bfloat16", "float32"):
         engine_model = copy.deepcopy(model).to(getattr(torch, engine_dtype))
         gens = asyncio.run(
-            rollout(engine_model, tok, ps, max_tokens=args.tokens, temperature=args.temperature)
+            rollout(engine_model, tok, ps, completions, temperature=args.temperature)
         )
         batch = trials(ps, gens)
         progress(f"{engine_dtype} rollout done")
