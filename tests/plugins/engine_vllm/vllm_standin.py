@@ -39,9 +39,7 @@ class StandInState:
         self.fail_with: int | None = None  # answer completions with this HTTP status
         self.garble = False  # answer completions without logprobs
         self.world_size = 1
-        # as if launched with --enable-return-routed-experts: every non-streamed choice
-        # carries the routing of each token run, as vLLM sends it (base64 .npy)
-        self.routed_experts = False
+        self.routed_experts = False  # as launched with --enable-return-routed-experts
         self.lock = threading.Lock()
 
 
@@ -104,7 +102,17 @@ def completion(state: StandInState, body: dict) -> tuple[int, dict]:
     if state.return_token_ids and body.get("return_token_ids"):
         choice["token_ids"] = ids
     if state.routed_experts and not body.get("stream"):
-        choice["routed_experts"] = routed_experts_npy([*prompt, *ids][:-1])
+        # vLLM: base64 of a .npy array (tokens - 1, layers, k), every token fed but the
+        # last; non-streamed answers only (its stream choices have no such field)
+        import base64
+        import io
+
+        import numpy as np
+
+        fed = (prompt + ids)[:-1]
+        buf = io.BytesIO()
+        np.save(buf, np.array([[[t % 4, (t + 1) % 4]] for t in fed], dtype=np.int32))
+        choice["routed_experts"] = base64.b64encode(buf.getvalue()).decode()
     return 200, {
         "id": "cmpl-standin",
         "object": "text_completion",
@@ -117,20 +125,6 @@ def completion(state: StandInState, body: dict) -> tuple[int, dict]:
             "total_tokens": len(prompt) + len(ids),
         },
     }
-
-
-def routed_experts_npy(ran: list[int]) -> str:
-    """vLLM's ``routed_experts``: base64 of a ``.npy`` [tokens, layers, top_k] array; here
-    one layer routing token t to experts t % 4 and (t + 1) % 4, as int32 (vLLM's widest)."""
-    import base64
-    import io
-
-    import numpy as np
-
-    array = np.array([[[t % 4, (t + 1) % 4]] for t in ran], dtype=np.int32).reshape(-1, 1, 2)
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def make_handler(state: StandInState):
@@ -279,6 +273,7 @@ def main(argv: list[str]) -> None:
         served_model_name=args.get("--served-model-name", argv[1]),
         max_model_len=int(args.get("--max-model-len", 64)),
     )
+    state.routed_experts = "--enable-return-routed-experts" in args
     if os.environ.get("VLLM_STANDIN_CHILD"):  # a worker process, as vLLM spawns them
         import subprocess
 
