@@ -160,28 +160,69 @@ def test_recompute_reuses_the_unchanged_leading_turns_as_context(renderer, smol_
     assert seg.mask[:n] == [0] * n  # context in the new segment, trained in the first one
 
 
-def test_routing_per_call_and_weights_version_per_token(renderer, smol_tokenizer):
+def _routing(n: int, offset: int = 0) -> list:
+    """Routing entries for ``n`` tokens: one MoE layer, experts (t, t + 1) mod 8."""
+    return [[[(t + offset) % 8, (t + offset + 1) % 8]] for t in range(n)]
+
+
+def test_routing_per_token_and_weights_version_per_token(renderer, smol_tokenizer):
+    """Each call's routing covers its whole prompt (from the segment's first token) and the
+    tokens it generated but the last; the segment keeps one entry per token, each from the
+    call that first ran it (a later call's recomputed prefix does not overwrite it)."""
+    tok = smol_tokenizer
+    acc = Accumulator(renderer)
+    msgs = [Message(role="user", content="Task")]
+    p1 = acc.prepare(msgs, [])
+    out1 = [*tok.encode("Hi", add_special_tokens=False), tok.eos_token_id]
+    g1 = Generation(
+        token_ids=out1,
+        logprobs=[-0.5] * len(out1),
+        finish_reason="stop",
+        weights_version=3,
+        routed_experts=_routing(len(p1.prompt_ids) + len(out1) - 1),
+    )
+    acc.commit(p1, g1, Message(role="assistant", content="Hi"))
+    msgs += [Message(role="assistant", content="Hi"), Message(role="user", content="x")]
+    p2 = acc.prepare(msgs, [])
+    assert p2.segment is not None  # the second call extends the first one's segment
+    g2 = Generation(
+        token_ids=[7, tok.eos_token_id],
+        logprobs=[-0.2, -0.3],
+        finish_reason="stop",
+        weights_version=4,
+        # a different recomputation of the prefix: only the entries past the known ones count
+        routed_experts=_routing(len(p2.prompt_ids) + 1, offset=3),
+    )
+    seg = acc.commit(p2, g2, Message(role="assistant", content="")).freeze()
+    known = len(p1.prompt_ids) + len(out1) - 1
+    assert seg.routed_experts is not None
+    assert len(seg.routed_experts) == len(seg.token_ids) - 1  # the last token never ran
+    assert seg.routed_experts.tolist() == [
+        *_routing(known),
+        *_routing(len(p2.prompt_ids) + 1, offset=3)[known:],
+    ]
+    n1 = len(p1.prompt_ids) + len(out1)
+    assert seg.weights_versions == (3,) * n1 + (4,) * (len(seg.token_ids) - n1)
+
+
+def test_a_call_without_routing_leaves_the_segment_without(renderer, smol_tokenizer):
+    """A replica that does not capture routing (a failover) makes the segment's routing
+    incomplete: it is dropped rather than misaligned."""
     tok = smol_tokenizer
     acc = Accumulator(renderer)
     msgs = [Message(role="user", content="Task")]
     p1 = acc.prepare(msgs, [])
     g1 = Generation(
-        token_ids=[*tok.encode("Hi", add_special_tokens=False), tok.eos_token_id],
-        logprobs=[-0.5, -0.1],
+        token_ids=[tok.eos_token_id],
+        logprobs=[-0.5],
         finish_reason="stop",
-        weights_version=3,
-        routed_experts=[[[0, 1]]] * 2,
+        routed_experts=_routing(len(p1.prompt_ids)),
     )
-    acc.commit(p1, g1, Message(role="assistant", content="Hi"))
-    msgs += [Message(role="assistant", content="Hi"), Message(role="user", content="x")]
+    acc.commit(p1, g1, Message(role="assistant", content=""))
+    msgs += [Message(role="assistant", content=""), Message(role="user", content="x")]
     p2 = acc.prepare(msgs, [])
-    g2 = Generation(
-        token_ids=[tok.eos_token_id], logprobs=[-0.2], finish_reason="stop", weights_version=4
-    )
-    seg = acc.commit(p2, g2, Message(role="assistant", content="")).freeze()
-    assert seg.routed_experts == [g1.routed_experts, None]
-    n1 = len(p1.prompt_ids) + 2
-    assert seg.weights_versions == (3,) * n1 + (4,) * (len(seg.token_ids) - n1)
+    g2 = Generation(token_ids=[tok.eos_token_id], logprobs=[-0.2], finish_reason="stop")
+    assert acc.commit(p2, g2, Message(role="assistant", content="")).freeze().routed_experts is None
 
 
 def test_a_generation_spanning_two_versions_keeps_each_tokens_version(renderer, smol_tokenizer):

@@ -388,7 +388,8 @@ def _handler(standin: SglangStandIn) -> type[BaseHTTPRequestHandler]:
                     if kind == "chunk":
                         tokens += item.token_ids
                         lps += item.logprobs
-                        routing += item.routed_experts or []
+                        if item.routed_experts is not None:
+                            routing += item.routed_experts.tolist()
                         if item.finish_reason is not None or not (stream and item.token_ids):
                             continue
                     else:

@@ -198,9 +198,18 @@ def test_routed_experts_are_read_from_vllms_base64_npy(standin):
     engine = VllmEngine(config, url=url, tokenizer=object())
     gen = asyncio.run(engine.generate([5], SamplingParams(max_tokens=2)))
     assert gen.token_ids == (6, 7)
-    assert gen.routed_experts == [[[1, 2]], [[2, 3]]]  # tokens 5 and 6: all fed but the last
+    # tokens 5 and 6: all fed but the last, as one compact array
+    assert gen.routed_experts is not None and gen.routed_experts.tolist() == [[[1, 2]], [[2, 3]]]
     sent = [r["body"] for r in state.requests if r["path"] == "/v1/completions"][-1]
     assert "return_routed_experts" not in sent  # not a request field: the server flag decides
+
+    # vLLM streams no routing: with capture on, the stream is the whole completion at once
+    async def streamed():
+        return [c async for c in engine.stream([5], SamplingParams(max_tokens=2))]
+
+    chunks = asyncio.run(streamed())
+    assert len(chunks) == 1 and chunks[0].routed_experts == gen.routed_experts
+    assert not state.requests[-1]["body"].get("stream")
     assert "--enable-return-routed-experts" in serve_command(
         config, executable="vllm", port=1, max_context=0
     )

@@ -41,3 +41,14 @@ def test_a_cuda_device_needs_a_gpu(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     [found] = results("torch-device", 'optimizer.device="cuda"')
     assert found.status == "pass" and "GPU 0 (NVIDIA H200" in found.message
+
+
+def test_routing_replay_needs_the_engine_to_record_routing():
+    assert results("torch-routing-replay") == []  # replay off: nothing to check
+    [off] = results("torch-routing-replay", "algorithm.routing_replay=true")
+    assert off.status == "fatal" and "engine.return_routed_experts = false" in off.message
+    assert "return_routed_experts = true" in off.fix
+    [on] = results(
+        "torch-routing-replay", "algorithm.routing_replay=true", "engine.return_routed_experts=true"
+    )
+    assert on.status == "pass"

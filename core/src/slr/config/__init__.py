@@ -320,6 +320,13 @@ class AlgorithmSection:
     norm_adv_by_std_in_grpo: bool = option(
         True, doc="GRPO: divide by the group's reward std (false: Dr. GRPO)."
     )
+    routing_replay: bool = option(
+        False,
+        doc="MoE routing replay (R3; verl's router_replay.mode = 'R3'): the trainer's forward "
+        "pass routes each token through the experts the rollout engine chose (gate "
+        "weights recomputed from the trainer's own router logits, so the router still "
+        "learns). Needs a MoE model and [engine] return_routed_experts = true.",
+    )
     rollout_correction: RolloutCorrectionSection = option(
         factory=RolloutCorrectionSection,
         doc="Off-policy correction between the rollout's behaviour log-probs and the "

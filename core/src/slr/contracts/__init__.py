@@ -24,6 +24,7 @@ from slr.contracts.records import (
     TrialCosts,
     TrialResult,
 )
+from slr.contracts.routing import RoutedExperts
 from slr.contracts.sandbox import (
     BrokenEnvironment,
     Sandbox,
@@ -51,6 +52,7 @@ __all__ = [
     "NetworkMode",
     "Optimizer",
     "Reward",
+    "RoutedExperts",
     "SamplingParams",
     "Sandbox",
     "SandboxBackend",

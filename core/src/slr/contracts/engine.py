@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from slr.contracts.records import FinishReason, Generation, GenerationChunk, SamplingParams
+from slr.contracts.routing import RoutedExperts
 
 #: How ``update_weights`` treats generations in flight (docs/engines.md, "Weight updates").
 UpdateMode = Literal["drain", "partial"]
@@ -99,7 +100,7 @@ class ChunkCollector:
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.weights_versions: list[int] = []
-        self.routed_experts: list[Any] | None = None
+        self.routed_experts: RoutedExperts | None = None
         self.finish_reason: FinishReason | None = None
         self.prompt_tokens = 0
 
@@ -108,7 +109,11 @@ class ChunkCollector:
         self.logprobs += chunk.logprobs
         self.weights_versions += chunk.weights_versions
         if chunk.routed_experts is not None:
-            self.routed_experts = [*(self.routed_experts or []), *chunk.routed_experts]
+            self.routed_experts = (
+                chunk.routed_experts
+                if self.routed_experts is None
+                else self.routed_experts + chunk.routed_experts
+            )
         self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason

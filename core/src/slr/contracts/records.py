@@ -8,6 +8,8 @@ from typing import Any, Literal
 import attrs
 from attrs import field, frozen, validators
 
+from slr.contracts.routing import RoutedExperts, as_routed_experts, from_json
+
 FinishReason = Literal["stop", "length", "abort"]
 BranchKind = Literal["fork", "rewrite"]
 
@@ -87,7 +89,7 @@ class Generation:
     token_ids: tuple[int, ...] = field(converter=tuple)
     logprobs: tuple[float, ...] = field(converter=tuple, validator=_same_length_as("token_ids"))
     finish_reason: FinishReason
-    routed_experts: Any | None = None
+    routed_experts: RoutedExperts | None = field(default=None, converter=as_routed_experts)
     weights_version: int = 0
     prompt_tokens: int = 0
     weights_versions: tuple[int, ...] = field(
@@ -114,7 +116,7 @@ class GenerationChunk:
     weights_versions: tuple[int, ...] = field(
         default=(), converter=tuple, validator=_same_length_as("token_ids")
     )
-    routed_experts: list[Any] | None = None
+    routed_experts: RoutedExperts | None = field(default=None, converter=as_routed_experts)
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
 
@@ -143,12 +145,16 @@ class Segment:
     """A contiguous token sequence the policy saw: prompt tokens (mask 0) and its own (mask 1).
 
     ``logprobs`` holds the behaviour log-prob for mask-1 tokens and 0.0 elsewhere.
+    ``routed_experts`` (MoE models, with the engine's routing capture on) holds the experts
+    of each token from the first, in order, as the pass that first ran it routed it; it
+    may end before the tokens do (the last generated token is never run), and is None when
+    any call of the segment came back without routing.
     """
 
     token_ids: tuple[int, ...] = field(converter=tuple)
     loss_mask: tuple[int, ...] = field(converter=tuple, validator=_same_length_as("token_ids"))
     logprobs: tuple[float, ...] = field(converter=tuple, validator=_same_length_as("token_ids"))
-    routed_experts: Any | None = None
+    routed_experts: RoutedExperts | None = field(default=None, converter=from_json)
     weights_versions: tuple[int, ...] = field(default=(), converter=tuple)
     # Lineage (absent in records written before it: a root). ``parent`` is the index, in its
     # trajectory, of the earlier segment this one shares the longest token prefix with;
@@ -160,6 +166,11 @@ class Segment:
     branch: BranchKind | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.routed_experts is not None and len(self.routed_experts) > len(self.token_ids):
+            raise ValueError(
+                f"Segment.routed_experts covers {len(self.routed_experts)} tokens but the "
+                f"segment has {len(self.token_ids)}; routing is kept per token, from the first"
+            )
         if self.parent is None and (self.branch_at or self.branch is not None):
             raise ValueError(
                 f"Segment has branch_at={self.branch_at} / branch={self.branch!r} but no "

@@ -28,9 +28,16 @@ import attrs
 import cattrs
 import msgspec
 
+from slr.contracts import routing
+from slr.contracts.routing import RoutedExperts
+
 T = TypeVar("T")
 
 converter = cattrs.Converter(forbid_extra_keys=False)
+# Routed experts are one base64 string on disk (as msgspec writes bytes), also on the
+# ``json`` path; records from before hold nested lists, which ``from_json`` converts.
+converter.register_unstructure_hook(RoutedExperts, routing.to_json)
+converter.register_structure_hook(RoutedExperts, lambda value, _: routing.from_json(value))
 
 _encoder = msgspec.json.Encoder()
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {}

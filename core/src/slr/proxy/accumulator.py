@@ -28,12 +28,13 @@ a side request); if it never is, the branch replaced it (compaction, an edited h
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from attrs import define, evolve, field, frozen
 
-from slr.contracts import Generation, Segment
+from slr.contracts import Generation, RoutedExperts, Segment
 from slr.contracts.records import BranchKind
+from slr.contracts.routing import merge_call
 from slr.proxy.messages import Message, Tool, tools_key
 from slr.proxy.render import Renderer
 
@@ -47,7 +48,10 @@ class SegmentState:
     mask: list[int] = field(factory=list)
     logprobs: list[float] = field(factory=list)
     versions: list[int] = field(factory=list)
-    routing: list[Any] = field(factory=list)
+    # per token from the first, as the pass that first ran it routed it (None: not captured,
+    # or a call came back without it, after which the segment's routing is incomplete)
+    routing: RoutedExperts | None = None
+    routing_lost: bool = False
     boundaries: list[tuple[int, int]] = field(factory=list)
     closing: str = ""
     calls: int = 0
@@ -63,12 +67,22 @@ class SegmentState:
             return None
         return "fork" if self.parent.last_call > self.first_call else "rewrite"
 
+    def record_routing(self, routed: RoutedExperts | None) -> None:
+        """Add one call's routing (it covers the call's whole prompt, from the segment's
+        first token, and the tokens it generated but the last)."""
+        if self.routing_lost:
+            return
+        if routed is None or (self.routing is not None and not self.routing.compatible(routed)):
+            self.routing_lost, self.routing = True, None
+            return
+        self.routing = merge_call(self.routing or RoutedExperts(layers=0, top_k=0), routed)
+
     def freeze(self, parent: int | None = None) -> Segment:
         return Segment(
             token_ids=self.ids,
             loss_mask=self.mask,
             logprobs=self.logprobs,
-            routed_experts=self.routing if any(r is not None for r in self.routing) else None,
+            routed_experts=None if self.routing_lost else self.routing,
             weights_versions=self.versions,
             parent=parent,
             branch_at=self.branch_at if parent is not None else 0,
@@ -208,7 +222,7 @@ class Accumulator:
         seg.logprobs += [0.0] * n_new + [float(x) for x in gen.logprobs]
         # prompt tokens: the version that ran them; policy tokens: the one that sampled each
         seg.versions += [gen.weights_version] * n_new + list(gen.weights_versions)
-        seg.routing.append(gen.routed_experts)
+        seg.record_routing(gen.routed_experts)
         seg.messages = [*prepared.messages, reply]
         seg.tools_key = tools_key(prepared.tools)  # a token-prefix extension may change it
         seg.boundaries.append((len(seg.messages), len(seg.ids)))

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from slr.contracts import RoutedExperts
+from slr.contracts.routing import as_routed_experts
 from slr_engine_hf.batch import KV
 
 
@@ -42,13 +44,13 @@ class _Node:
         self,
         tokens: tuple[int, ...],
         kv: KV | None,
-        routing: list[Any] | None,
+        routing: RoutedExperts | None,
         parent: _Node | None,
         used: int,
     ) -> None:
         self.tokens = tokens  # the edge from the parent: these tokens' KV is ``kv``
         self.kv = kv  # per layer (keys, values), [1, heads, len(tokens), dim]
-        self.routing = routing  # per token: per MoE layer: expert ids (None: not recorded)
+        self.routing = routing  # per token: expert ids per MoE layer (None: not recorded)
         self.parent = parent
         self.children: dict[int, _Node] = {}
         self.used = used  # a tick of the cache's clock: least recently used goes first
@@ -122,13 +124,13 @@ class RadixPrefixCache:
             return None, 0, None
         tick = next(self._clock)
         parts: list[KV] = []
-        routing: list[Any] | None = []
+        routing: RoutedExperts | None = RoutedExperts(layers=0, top_k=0)
         for node, m in path:
             node.used = tick
             assert node.kv is not None
             parts.append([(k[:, :, :m], v[:, :, :m]) for k, v in node.kv])
             if routing is not None and node.routing is not None:
-                routing.extend(node.routing[:m])
+                routing = routing + node.routing[:m]
             else:
                 routing = None
         kv = [
@@ -140,9 +142,11 @@ class RadixPrefixCache:
         ]
         self.hits += 1
         self.reused_tokens += n
-        return kv, n, routing
+        return kv, n, routing.tolist() if routing is not None else None
 
-    def insert(self, ids: Sequence[int], kv: KV, routing: list[Any] | None = None) -> None:
+    def insert(
+        self, ids: Sequence[int], kv: KV, routing: list[Any] | RoutedExperts | None = None
+    ) -> None:
         """Remember the KV of ``ids`` (``kv`` covers exactly those tokens, batch dim 1).
 
         Only the part the tree does not hold yet is stored, copied, so the caller's
@@ -162,7 +166,8 @@ class RadixPrefixCache:
         if n < len(ids):
             new_routing = None
             if routing is not None and len(routing) >= len(ids):
-                new_routing = list(routing[n : len(ids)])
+                # kept compact: a long shared prefix of a large MoE holds millions of ids
+                new_routing = as_routed_experts(routing[n : len(ids)])
             leaf = _Node(
                 ids[n:],
                 [(k[:, :, n : len(ids)].clone(), v[:, :, n : len(ids)].clone()) for k, v in kv],

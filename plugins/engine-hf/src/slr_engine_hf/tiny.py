@@ -51,11 +51,14 @@ def tiny_model(
     max_context: int = 2048,
     seed: int = 0,
     tok: Any = None,
+    init_std: float = 0.02,
 ) -> tuple[PreTrainedModel, Any]:
     """A randomly initialised causal LM of ``architecture`` and the SmolLM2 tokenizer.
 
     ``qwen3_moe`` and ``mixtral`` build mixture-of-experts models (``experts`` experts,
-    ``experts_per_token`` routed per token) for routing-capture tests.
+    ``experts_per_token`` routed per token) for routing-capture tests. ``init_std`` is the
+    weights' initialisation scale (transformers' ``initializer_range``): larger makes the
+    experts' outputs, and so the choice between them, weigh more in the residual stream.
     """
     from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2Config, Qwen3MoeConfig
 
@@ -72,6 +75,7 @@ def tiny_model(
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
+        initializer_range=init_std,
     )
     if architecture == "qwen2":
         config = Qwen2Config(**common)
@@ -195,6 +199,39 @@ def teach(
     finally:
         torch.set_num_threads(threads)
     return float(worst.item())
+
+
+def pretrain(
+    model: PreTrainedModel,
+    tok: Any,
+    text: str,
+    *,
+    steps: int = 40,
+    window: int = 128,
+    batch: int = 8,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """A few next-token-prediction steps on ``text`` (windows of ``window`` tokens, Adam),
+    so a random model stops being uniform: a MoE model's routers learn to prefer experts
+    per token, as a trained model's do. Returns the loss of each step; eval mode after."""
+    ids = torch.tensor(tok.encode(text, add_special_tokens=False), dtype=torch.long)
+    if len(ids) <= window:
+        raise ValueError(f"pretrain needs more than {window} tokens of text; got {len(ids)}")
+    g = torch.Generator().manual_seed(seed)
+    optim = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - window, (batch,), generator=g)
+        rows = torch.stack([ids[int(s) : int(s) + window] for s in starts])
+        optim.zero_grad()
+        loss = model(input_ids=rows, labels=rows).loss
+        loss.backward()
+        optim.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
 
 
 def save(model: PreTrainedModel, tok: Any, folder: str | os.PathLike[str]) -> Path:

@@ -186,7 +186,21 @@ class VllmEngine:
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> AsyncIterator[GenerationChunk]:
         """The server's streaming completions (``stream: true``), chunk by chunk. Closing
-        the stream closes the HTTP response, and vLLM aborts a request whose client left."""
+        the stream closes the HTTP response, and vLLM aborts a request whose client left.
+
+        vLLM's streamed choices carry no routed experts: with ``return_routed_experts`` the
+        whole completion is asked for at once and yielded as one chunk."""
+        if self.config.return_routed_experts:
+            gen = await self.generate(prompt_ids, sampling, session_id=session_id)
+            yield GenerationChunk(
+                token_ids=gen.token_ids,
+                logprobs=gen.logprobs,
+                weights_versions=gen.weights_versions,
+                routed_experts=gen.routed_experts,
+                finish_reason=gen.finish_reason,
+                prompt_tokens=gen.prompt_tokens,
+            )
+            return
         body, version = await self._request(prompt_ids, sampling, stream=True)
         headers = {"X-Session-Id": session_id} if session_id else {}
         n = len(prompt_ids)

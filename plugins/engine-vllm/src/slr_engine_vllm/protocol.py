@@ -17,16 +17,32 @@ refused unless the engine is configured to allow it.
 Streaming uses the same request with ``stream: true``: server-sent events, each a
 completion chunk whose choice carries the new tokens' ids and log-probs, the last one its
 ``finish_reason``, then ``data: [DONE]``.
+
+Routed experts (MoE): a server launched with ``--enable-return-routed-experts`` adds
+``routed_experts`` to each non-streamed choice, a base64-encoded ``.npy`` array of shape
+``[prompt + generated - 1, MoE layers, top_k]`` (uint8, uint16 or int32): every token the
+model ran, the prompt included, as the hf engine reports it (vLLM's
+``CompletionResponseChoice`` in ``vllm/entrypoints/openai/completion/protocol.py``). No
+request field asks for it (``routed_experts_prompt_start`` could skip a prefix; it is
+left at 0), and streamed choices do not carry it. ``parse_routed_experts`` also reads the
+nested-list form (``[token][layer][ids]``) some servers and stand-ins send.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from slr.contracts import ContextOverflow, Generation, GenerationChunk, SamplingParams
+from slr.contracts import (
+    ContextOverflow,
+    Generation,
+    GenerationChunk,
+    RoutedExperts,
+    SamplingParams,
+)
 from slr.contracts.records import FinishReason
 
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
@@ -91,7 +107,7 @@ def parse_completion(data: Any, *, prompt_tokens: int, weights_version: int) -> 
         token_ids=ids,
         logprobs=values,
         finish_reason=reason,
-        routed_experts=routed_experts(choice.get("routed_experts")),
+        routed_experts=parse_routed_experts(choice.get("routed_experts")),
         weights_version=weights_version,
         prompt_tokens=prompt_tokens,
     )
@@ -109,26 +125,22 @@ def parse_chunk(data: Any, *, prompt_tokens: int, weights_version: int) -> Gener
         token_ids=ids,
         logprobs=values,
         weights_versions=[weights_version] * len(ids),
-        routed_experts=routed_experts(choice.get("routed_experts")),
+        routed_experts=parse_routed_experts(choice.get("routed_experts")),
         finish_reason=reason,
         prompt_tokens=prompt_tokens,
     )
 
 
-def routed_experts(value: Any) -> list[Any] | None:
-    """A choice's ``routed_experts``: vLLM sends base64 of a ``.npy`` array shaped
-    (tokens - 1, layers, experts per token), in non-streamed answers only."""
-    if value is None or isinstance(value, list):
-        return value
-    import io
-
-    import numpy as np
-
+def parse_routed_experts(value: Any) -> RoutedExperts | None:
+    """A choice's ``routed_experts``: vLLM's base64 ``.npy`` string, nested lists, or None."""
+    if value is None:
+        return None
     try:
-        array = np.load(io.BytesIO(base64.b64decode(value)), allow_pickle=False)
-    except (ValueError, TypeError, OSError) as exc:
-        raise ProtocolError(f"routed_experts is not a base64 .npy array: {exc}") from exc
-    return array.astype(int).tolist()
+        if isinstance(value, str):
+            return RoutedExperts.from_npy(base64.b64decode(value, validate=True))
+        return RoutedExperts.from_lists(value)
+    except (ValueError, TypeError, IndexError, SyntaxError, binascii.Error) as exc:
+        raise ProtocolError(f"unreadable routed_experts in the response: {exc}") from exc
 
 
 def _choice(data: Any) -> dict[str, Any]:

@@ -15,7 +15,8 @@ def register_optimizers(register):
 
 @hookimpl
 def register_preflight_checks(register):
-    from slr_optimizer_torch.preflight import check_device, check_model
+    from slr_optimizer_torch.preflight import check_device, check_model, check_routing_replay
 
     register("torch-model", check_model, stage="config")
+    register("torch-routing-replay", check_routing_replay, stage="config")
     register("torch-device", check_device, stage="machine")

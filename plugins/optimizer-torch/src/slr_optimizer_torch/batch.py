@@ -75,6 +75,8 @@ class TrainBatch:
     stats: dict[str, float]
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    # (B,) each row's recorded routed experts (``Segment.routed_experts``), for replay
+    routing: list[Any] = attrs.Factory(list)
 
     @property
     def num_sequences(self) -> int:
@@ -186,6 +188,7 @@ def assemble(
         rewards=torch.tensor([float(t.reward.value) for t in kept], dtype=torch.float32),  # type: ignore[union-attr]
         group_ids=[group_key(t) for t in kept],
         stats=dict(stats),
+        routing=[seg.routed_experts for _, seg in rows],
     )
 
 

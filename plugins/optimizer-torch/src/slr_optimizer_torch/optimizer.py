@@ -43,6 +43,7 @@ import copy
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ from torch import nn
 
 from slr.config import AlgorithmSection, Config
 from slr.contracts import TrialResult
+from slr.errors import ConfigError
 from slr_optimizer_torch import batch as batching
 from slr_optimizer_torch import checkpoint, lora, packing
 from slr_optimizer_torch.config import TorchOptimizerConfig
@@ -72,6 +74,7 @@ from slr_optimizer_torch.model import (
     load_causal_lm,
     resolve_device,
 )
+from slr_optimizer_torch.replay import RoutingReplay
 from slr_optimizer_torch.verl_config import actor_config, algo_config, check_names
 
 if TYPE_CHECKING:
@@ -113,6 +116,16 @@ class TorchOptimizer:
                 self.model.enable_input_require_grads()
         self._set_mode()
         self.scorer = Scorer(self.model, temperature=self.temperature)
+        self.replay: RoutingReplay | None = None
+        if algorithm.routing_replay:
+            if options.gradient_checkpointing:
+                raise ConfigError(
+                    "routing_replay and gradient_checkpointing cannot be combined: the "
+                    "checkpointed forward re-runs during backward, outside the replay. Set "
+                    "[optimizer] gradient_checkpointing = false or [algorithm] "
+                    "routing_replay = false"
+                )
+            self.replay = RoutingReplay(self.model)
 
         self.value_head: ValueHead | None = None
         if algorithm.adv_estimator == "gae":
@@ -208,6 +221,10 @@ class TorchOptimizer:
             packing.unique_tokens(range(tb.num_sequences), tb.input_ids, tb.lengths)
         )
         metrics["pack/tree"] = float(self.pack)
+        if self.replay is not None:
+            # rows trained on the trainer's own routing: no routing was recorded for them
+            metrics["routing_replay/rows_unrecorded"] = float(sum(r is None for r in tb.routing))
+            self.replay.replayed = self.replay.changed = 0
         # The weights being updated are version `steps` (the loop: after step N, version N).
         metrics.update(
             version_metrics(tb.weights_versions, tb.response_mask, tb.seq_trial, current=self.steps)
@@ -305,6 +322,9 @@ class TorchOptimizer:
                 )
 
         metrics.update(acc.result())
+        if self.replay is not None and self.replay.replayed:
+            # token-layers whose recorded experts differ from what the trainer would choose
+            metrics["routing_replay/changed_fraction"] = self.replay.changed / self.replay.replayed
         metrics["optimizer/updates"] = float(self.updates)
         metrics["actor/lr"] = float(self.optim.param_groups[0]["lr"])
         metrics["perf/update_s"] = update_s
@@ -343,6 +363,20 @@ class TorchOptimizer:
         """Tokens the forward over ``micro`` computes (padding aside)."""
         return packed.tokens if packed is not None else int(tb.lengths[micro].sum())
 
+    def _replaying(
+        self,
+        tb: batching.TrainBatch,
+        micro: Sequence[int],
+        length: int,
+        packed: packing.Packed | None,
+        policy: bool = True,
+    ) -> AbstractContextManager[None]:
+        """Around a policy forward over ``micro``: the rollout's routing, when replayed."""
+        if self.replay is None or not policy:
+            return nullcontext()
+        experts, valid = self.replay.layout([tb.routing[r] for r in micro], length, packed)
+        return self.replay.use(experts.to(self.device), valid.to(self.device))
+
     def _slice(self, tensor: torch.Tensor, micro: Sequence[int], width: int) -> torch.Tensor:
         return tensor[micro, :width].to(self.device, non_blocking=True)
 
@@ -360,14 +394,15 @@ class TorchOptimizer:
         values = torch.zeros_like(tb.response_mask) if value_head is not None else None
         for micro, packed in self._micro(tb, range(tb.num_sequences)):
             length = int(tb.lengths[micro].max())
-            s = scorer(
-                self._slice(tb.input_ids, micro, length),
-                self._slice(tb.attention_mask, micro, length),
-                self._slice(tb.response_mask, micro, length - 1),
-                entropy=entropy,
-                value_head=value_head,
-                packed=packed,
-            )
+            with self._replaying(tb, micro, length, packed, scorer is self.scorer):
+                s = scorer(
+                    self._slice(tb.input_ids, micro, length),
+                    self._slice(tb.attention_mask, micro, length),
+                    self._slice(tb.response_mask, micro, length - 1),
+                    entropy=entropy,
+                    value_head=value_head,
+                    packed=packed,
+                )
             logprobs[micro, : length - 1] = s.logprobs.float().cpu()
             if values is not None and s.values is not None:
                 values[micro, : length - 1] = s.values.float().cpu()
@@ -414,15 +449,16 @@ class TorchOptimizer:
             width = length - 1
             policy = self._slice(tb.response_mask, micro, width)
             mask = self._slice(loss_mask, micro, width) > 0
-            scores = self.scorer(
-                self._slice(tb.input_ids, micro, length),
-                self._slice(tb.attention_mask, micro, length),
-                policy,
-                entropy=True,
-                entropy_grad=algo.entropy_coeff > 0,
-                value_head=self.value_head,
-                packed=packed,
-            )
+            with self._replaying(tb, micro, length, packed):
+                scores = self.scorer(
+                    self._slice(tb.input_ids, micro, length),
+                    self._slice(tb.attention_mask, micro, length),
+                    policy,
+                    entropy=True,
+                    entropy_grad=algo.entropy_coeff > 0,
+                    value_head=self.value_head,
+                    packed=packed,
+                )
             logprobs = scores.logprobs
             if fused_logprobs is not None:
                 fused_logprobs[micro, :width] = logprobs.detach().float().cpu()

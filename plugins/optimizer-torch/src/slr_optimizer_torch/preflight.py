@@ -1,9 +1,9 @@
-"""The torch optimizer's preflight: the device it trains on is here, and it trains the
-model the engine samples from."""
+"""The torch optimizer's preflight: the device it trains on is here, it trains the model
+the engine samples from, and routing replay gets the routing it replays."""
 
 from __future__ import annotations
 
-from slr.preflight import CheckResult, Context, ok, warn
+from slr.preflight import CheckResult, Context, fatal, ok, warn
 from slr.preflight.gpus import gpu_headroom
 
 
@@ -40,3 +40,24 @@ def check_device(ctx: Context) -> CheckResult | None:
         1,
         fix='set optimizer.device = "cpu" (or "auto": cuda only when there is one)',
     )
+
+
+def check_routing_replay(ctx: Context) -> CheckResult | None:
+    """algorithm.routing_replay needs an engine that records routed experts."""
+    if not _applies(ctx) or not ctx.config.algorithm.routing_replay:
+        return None
+    engine = ctx.options("engine")
+    if not hasattr(engine, "return_routed_experts"):
+        return warn(
+            f"algorithm.routing_replay = true but the {ctx.config.engine.name!r} engine has no "
+            f"return_routed_experts option: the trainer replays routing only where a segment "
+            f"recorded it",
+            fix="use an engine that records routed experts (hf, vllm)",
+        )
+    if not engine.return_routed_experts:
+        return fatal(
+            "algorithm.routing_replay = true but engine.return_routed_experts = false: no "
+            "routing is recorded, so none can be replayed",
+            fix="set engine.return_routed_experts = true (or algorithm.routing_replay = false)",
+        )
+    return ok("the engine records the routing the trainer replays")
