@@ -92,7 +92,7 @@ def main(argv):
 
 def _start_exec_server(exec_socket):
     try:
-        import exec_server  # copied beside this file
+        import exec_server  # pyright: ignore[reportMissingImports]  (copied beside this file)
     except ImportError:
         return False
     # Dialled before the ready line: the host accepts it right after seeing that line.
