@@ -65,9 +65,10 @@ class GrowingLayer(DynamicLayer):
         out[:, :, : t.shape[2]] = t
         return out
 
-    def _views(self) -> None:
-        self.keys = self._k[:, :, : self._len]
-        self.values = self._v[:, :, : self._len]
+    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self._k[:, :, : self._len], self._v[:, :, : self._len]
+        self.keys, self.values = keys, values
+        return keys, values
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -75,19 +76,19 @@ class GrowingLayer(DynamicLayer):
         end = self._len + key_states.shape[2]
         if end > self._k.shape[2]:
             capacity = max(end, 2 * self._k.shape[2])
-            self._k = self._buffer(self.keys, capacity)
-            self._v = self._buffer(self.values, capacity)
+            self._k = self._buffer(self._k[:, :, : self._len], capacity)
+            self._v = self._buffer(self._v[:, :, : self._len], capacity)
         self._k[:, :, self._len : end] = key_states
         self._v[:, :, self._len : end] = value_states
         self._len = end
-        self._views()
-        return self.keys, self.values
+        return self._views()
 
 
 def make_decode_cache(kv: KV) -> DynamicCache:
     """The batch's cache for decoding: ``kv`` in ``GrowingLayer`` s."""
     cache = DynamicCache()
-    cache.layers = [GrowingLayer(k, v, DECODE_ROOM) for k, v in kv]
+    layers: list[Any] = [GrowingLayer(k, v, DECODE_ROOM) for k, v in kv]
+    cache.layers = layers
     cache.layer_class_to_replicate = None  # every layer is there
     return cache
 
