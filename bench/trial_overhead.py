@@ -1,7 +1,7 @@
 """Fixed cost per trial (everything but model time): the warm sandbox pool, and agent start-up.
 
     .venv/bin/python bench/trial_overhead.py --backend local --backend docker \\
-        --agent oracle --agent mini-swe-agent [--trials 5] [--json]
+        --agent oracle --agent mini-swe-agent --agent openhands --agent terminus [--trials 5] [--json]
 
 Every trial is the ``hello-world`` example task, run one after another; every figure comes
 from the trial's own ``costs`` record (slr.costs): start → agent phase (``sandbox_start``),
@@ -21,9 +21,13 @@ Per agent:
   ``litellm`` the same client on today's bundle (bytecode compiled at build), ``after``
   today's default (client ``requests``: mini's own OpenRouter classes pointed at the
   endpoint, no litellm import), ``after+pool`` the same from a warm pool;
-- ``openhands``, ``terminus``: ``before`` on the bundle built without bytecode (when the
-  cache has it), ``after`` on today's; ``claude-code``, ``opencode`` (native binaries): as
-  they are. Each answered by a scripted endpoint as its adapter test scripts it.
+- ``openhands``, ``terminus``: ``before``, the scaffold started afresh in each trial (no
+  pool); ``pool``, from a warm pool of 2 without a prestarted interpreter; ``prestarted``,
+  from a warm pool of 2 whose sandboxes start the scaffold's interpreter ahead, its heavy
+  imports done (``[agent] prestart``, slr.agents.prestart). The interpreter's CPU is the
+  sandbox's, so it shows in ``start CPU s`` (``costs.cpu_s.sandbox_start``) and in the
+  trial's sandbox CPU: it moves, it is not hidden. ``claude-code``, ``opencode`` (native
+  binaries): as they are. Each answered by a scripted endpoint as its adapter test scripts it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import json
 import statistics
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from slr.contracts import Endpoint, Trajectory
 from slr.costs import ModelClock, fixed_wall_s
@@ -79,6 +85,10 @@ SCRIPTS = {
 }
 
 
+# Python scaffolds whose adapters prestart their interpreter in a pooled sandbox.
+PRESTARTING = ("openhands", "terminus")
+
+
 class ScriptedSessions:
     """A session factory whose sessions are scripted endpoints (a stand-in for the proxy and
     the engine), with the proxy's ``ModelClock`` so the trial records its first model call."""
@@ -120,6 +130,7 @@ async def one(backend, task, agent, verifier, sessions) -> dict:
         "startup_s": c.wall_s["agent_startup"],
         "fixed_wall_s": fixed_wall_s(c),
         "startup_cpu_s": cpu.get("agent_startup"),
+        "start_cpu_s": cpu.get("sandbox_start"),
         "cpu_s": sum(v for v in cpu.values() if v is not None) if cpu else None,
         "pooled": c.pool_start_s is not None,
         "reward": result.reward.value,
@@ -143,10 +154,25 @@ def settings(agent_name: str, backend: Any, task: Any, trials: int) -> dict[str,
     if agent_name == "oracle":
         agent = pm.get("agent", "oracle").create()
         pool = SandboxPool(backend, size=2, mounts=bundle_mounts(agent.bundle()))
-        pool.expect([task] * trials)
+        pool.expect([task] * (trials + 1))  # the warm-up trial takes one
         return {
             "none": (backend, agent, StandInSessions()),
             "pool": (pool, agent, StandInSessions()),
+        }
+    if agent_name in PRESTARTING:
+        spec = pm.get("agent", agent_name)
+        cold = spec.create()
+        off = spec.create(attrs.evolve(cold.config, prestart=False))
+        mounts = bundle_mounts(cold.bundle())
+        pool = SandboxPool(backend, size=2, mounts=mounts)
+        warm = SandboxPool(backend, size=2, mounts=mounts, prestart=cold.prestart)
+        pool.expect([task] * (trials + 1))  # the warm-up trial takes one
+        warm.expect([task] * (trials + 1))  # the warm-up trial takes one
+        sessions = ScriptedSessions(SCRIPTS[agent_name])
+        return {
+            "before": (backend, cold, sessions),
+            "pool": (pool, off, sessions),
+            "prestarted": (warm, cold, sessions),
         }
     if agent_name in SCRIPTS:
         agent = pm.get("agent", agent_name).create()
@@ -178,7 +204,7 @@ def settings(agent_name: str, backend: Any, task: Any, trials: int) -> dict[str,
     out["litellm"] = (backend, litellm, sessions)
     out["after"] = (backend, after, sessions)
     pool = SandboxPool(backend, size=2, mounts=bundle_mounts(after.bundle()))
-    pool.expect([task] * trials)
+    pool.expect([task] * (trials + 1))  # the warm-up trial takes one
     out["after+pool"] = (pool, after, sessions)
     return out
 
@@ -210,11 +236,19 @@ async def bench(backend_name: str, agent_name: str, trials: int) -> dict:
             return round(statistics.median(vals), 4) if vals else None
 
         out["modes"][mode] = {
-            k: med(k) for k in ("start_s", "startup_s", "fixed_wall_s", "startup_cpu_s", "cpu_s")
+            k: med(k)
+            for k in (
+                "start_s",
+                "startup_s",
+                "fixed_wall_s",
+                "start_cpu_s",
+                "startup_cpu_s",
+                "cpu_s",
+            )
         } | {"pooled": sum(r["pooled"] for r in rs), "rewards": [r["reward"] for r in rs]}
     first = next(iter(out["modes"].values()))
     for m in out["modes"].values():
-        for key in ("start_s", "startup_cpu_s", "cpu_s", "fixed_wall_s"):
+        for key in ("start_s", "startup_s", "startup_cpu_s", "cpu_s", "fixed_wall_s"):
             a, b = first[key], m[key]
             m[f"{key}_ratio"] = round(b / a, 3) if a and b is not None else None
     return out
@@ -223,7 +257,11 @@ async def bench(backend_name: str, agent_name: str, trials: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--backend", action="append", help="local (default) and/or docker")
-    p.add_argument("--agent", action="append", help="oracle (default) and/or mini-swe-agent")
+    p.add_argument(
+        "--agent",
+        action="append",
+        help="oracle (default), mini-swe-agent, openhands, terminus, claude-code, opencode",
+    )
     p.add_argument("--trials", type=int, default=5, help="trials per setting, agent and backend")
     p.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = p.parse_args()
@@ -235,7 +273,16 @@ def main() -> None:
         for a in args.agent or ["oracle"]
         for b in args.backend or ["local"]
     ]
-    head = ("start s", "startup s", "fixed wall s", "startup CPU s", "sandbox CPU s", "CPU ratio")
+    head = (
+        "start s",
+        "startup s",
+        "fixed wall s",
+        "start CPU s",
+        "startup CPU s",
+        "sandbox CPU s",
+        "startup CPU ratio",
+        "CPU ratio",
+    )
     print(f"{'agent':15} {'backend':8} {'setting':11} " + " ".join(f"{h:>13}" for h in head))
 
     def cell(v: float | None) -> str:
@@ -243,7 +290,16 @@ def main() -> None:
 
     for r in reports:
         for mode, m in r["modes"].items():
-            keys = ("start_s", "startup_s", "fixed_wall_s", "startup_cpu_s", "cpu_s", "cpu_s_ratio")
+            keys = (
+                "start_s",
+                "startup_s",
+                "fixed_wall_s",
+                "start_cpu_s",
+                "startup_cpu_s",
+                "cpu_s",
+                "startup_cpu_s_ratio",
+                "cpu_s_ratio",
+            )
             print(
                 f"{r['agent']:15} {r['backend']:8} {mode:11} " + " ".join(cell(m[k]) for k in keys)
             )

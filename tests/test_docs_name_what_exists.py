@@ -1,6 +1,6 @@
 """The docs, READMEs and help text advertise only what exists: every distribution they name is
 a member of this workspace (scripts/members.py), and a component that is not here yet
-(an SGLang engine, a verl FSDP / Megatron optimizer) is only ever named as
+(a verl FSDP / Megatron optimizer) is only ever named as
 planned or absent, never as something to install or configure."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ DIST = re.compile(
 #: made-up names the plugin-writing guide uses as examples of *your* distribution
 EXAMPLES = {"slr-adapter-my-agent", "slr-adapter-foo"}
 #: components that do not exist yet, and the words that say so
-ABSENT = re.compile(r"sglang|optimizer-verl|megatron|verl on ray", re.IGNORECASE)
+ABSENT = re.compile(r"optimizer-verl|megatron|verl on ray", re.IGNORECASE)
 SAYS_ABSENT = re.compile(r"planned|not yet|not shipped|not here|does not exist", re.IGNORECASE)
 
 

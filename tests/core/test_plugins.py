@@ -57,8 +57,8 @@ def test_unknown_name_lists_installed_and_suggests_install(slr_plugins):
 def test_unknown_kind_wording_per_kind(slr_plugins):
     with pytest.raises(UnknownPluginError, match="pip install slr-backend-nomad"):
         slr_plugins.manager.get("sandbox_backend", "nomad")
-    with pytest.raises(UnknownPluginError, match="pip install slr-engine-sglang"):
-        slr_plugins.manager.get("engine", "sglang")
+    with pytest.raises(UnknownPluginError, match="pip install slr-engine-tgi"):
+        slr_plugins.manager.get("engine", "tgi")
 
 
 def test_string_factory_is_imported_only_when_loaded(slr_plugins, tmp_path, monkeypatch):

@@ -148,6 +148,48 @@ def test_expect_warms_the_pool_for_announced_trials_that_have_no_record(tmp_path
     assert backend.closed == 1 and not any((tmp_path / "ws").iterdir())
 
 
+class PrestartingOracle(OracleAgent):
+    """The oracle, with a ``prestart`` that leaves a token in each pooled sandbox."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prestarted: list[str] = []
+        self.seen: list[tuple[str, object]] = []
+
+    async def prestart(self, sandbox):
+        self.prestarted.append(sandbox.id)
+        return f"ahead-{sandbox.id}"
+
+    async def run(self, sandbox, instruction, endpoint, *, timeout_s, task):
+        self.seen.append((sandbox.id, getattr(sandbox, "prestarted", None)))
+        return await super().run(sandbox, instruction, endpoint, timeout_s=timeout_s, task=task)
+
+
+def test_the_pool_runs_the_agents_prestart_and_the_trial_gets_what_it_left(tmp_path, slr_plugins):
+    run = RunDir.create(tmp_path / "runs", "r", "")
+    agent = PrestartingOracle()
+    s = RolloutSession(
+        run,
+        plugins=slr_plugins.manager,
+        config=config(rollout={"concurrency": 1, "pool_size": 1}),
+        backend=ClosingSpy(tmp_path),
+        agent=agent,
+        verifier=HarborVerifier(),
+        tasks=[specs(1)[0].task],
+    )
+
+    async def go():
+        async with s:
+            return await s.run(specs(2))
+
+    results = asyncio.run(go())
+    assert [r.reward and r.reward.value for r in results] == [1.0, 1.0]
+    assert len(agent.seen) == 2 and agent.prestarted
+    for sandbox_id, token in agent.seen:  # each trial: its own sandbox's, when pooled
+        assert token in (None, f"ahead-{sandbox_id}")
+    assert any(token is not None for _, token in agent.seen)
+
+
 def test_duplicate_ids_are_refused_before_anything_runs(tmp_path, slr_plugins, counter):
     run = RunDir.create(tmp_path / "runs", "r", "")
 

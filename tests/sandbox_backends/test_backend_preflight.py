@@ -126,3 +126,21 @@ def test_dockerfile_bases_leave_out_stages_scratch_and_build_arguments(tmp_path)
         "FROM deps\nFROM debian:${V}\nfrom slr-base:bookworm\n"
     )
     assert from_images(dockerfile) == ["python:3.12", "slr-base:bookworm"]
+
+
+@pytest.mark.timeout(60)
+def test_local_image_roots_without_any_image_store_are_fatal_with_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
+    sets = (f'backend.oci_layout="{tmp_path}/no-layout"',)
+    [result] = check("local-images", "local", 'backend.rootfs="image"', *sets)
+    assert result.status == "fatal" and "no image store is reachable" in result.message
+    assert "skopeo copy" in result.fix and "backend.rootfs = 'host'" in result.fix
+    [auto] = check("local-images", "local", 'backend.rootfs="auto"', *sets)
+    assert auto.status == "warn" and "host's userland" in auto.message
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_local_image_roots_from_the_docker_store_pass():
+    [result] = check("local-images", "local", 'backend.rootfs="image"')
+    assert result.status == "pass" and "docker image store" in result.message

@@ -225,6 +225,8 @@ class Rollout:
             size=self.config.rollout.pool_size,
             mounts=bundle_mounts(bundle),
             run_id=self.run_id,
+            # the agent's own start-up, ahead of the trial (optional; slr.agents.prestart)
+            prestart=getattr(self.agent, "prestart", None),
         )
 
     # -- trials ----------------------------------------------------------------------------

@@ -6,11 +6,11 @@ import pytest
 from slr_adapter_openhands.adapter import OpenHands, OpenHandsConfig
 
 from slr.contracts import Endpoint
-from slr.testing import ScaffoldAdapterTests
+from slr.testing import PrestartingAdapterTests, ScaffoldAdapterTests
 from slr.testing.scripted_policy import Reply, ToolCall
 
 
-class TestOpenHands(ScaffoldAdapterTests):
+class TestOpenHands(ScaffoldAdapterTests, PrestartingAdapterTests):
     @pytest.fixture(scope="class")
     @classmethod
     def adapter(cls):

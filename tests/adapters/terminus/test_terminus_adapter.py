@@ -8,7 +8,7 @@ import pytest
 from slr_adapter_terminus.adapter import Terminus, TerminusConfig
 
 from slr.contracts import Endpoint
-from slr.testing import ScaffoldAdapterTests
+from slr.testing import PrestartingAdapterTests, ScaffoldAdapterTests
 from slr.testing.scripted_policy import Reply
 
 
@@ -20,7 +20,7 @@ def terminus_json(commands, complete):
     })  # fmt: skip
 
 
-class TestTerminus(ScaffoldAdapterTests):
+class TestTerminus(ScaffoldAdapterTests, PrestartingAdapterTests):
     @pytest.fixture(scope="class")
     @classmethod
     def adapter(cls):

@@ -121,6 +121,52 @@ def test_filter_refuses_a_band_that_is_no_band(known_rates, tmp_path, slr_cli):
     assert "0 <= min <= max <= 1" in str(result.exception) + result.output
 
 
+NEVER_TEST = """#!/bin/bash
+mkdir -p /logs/verifier && echo 0 > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.timeout(180)
+def test_filter_without_an_eval_runs_one_first(tmp_path, slr_cli):
+    """`slr data filter TASKS -k K` with the config's agent: the eval runs here (a real run
+    folder, real trials on the local backend), then the band applies to its rates."""
+    tasks = tmp_path / "tasks"
+    make_task(tasks, "always")
+    make_task(tasks, "never", test=NEVER_TEST)
+    out = tmp_path / "kept.parquet"
+    runs = tmp_path / "runs"
+    text = invoke(
+        slr_cli,
+        "data",
+        "filter",
+        str(tasks),
+        "--agent",
+        "oracle",
+        "--backend",
+        "local",
+        "--set",
+        f"run.runs_dir={json.dumps(str(runs))}",
+        "-k",
+        "2",
+        "--min",
+        "0.5",
+        "--max",
+        "1",
+        "--inclusive",
+        "-o",
+        str(out),
+    )
+    assert {r["id"]: r["pass_rate"] for r in pq.read_table(out).to_pylist()} == {"always": 1.0}
+    (folder,) = [p for p in runs.iterdir() if p.is_dir()]
+    assert str(folder) in text and len(RunDir.open(folder).trial_ids()) == 4
+    # --eval reads an earlier eval: running another one beside it is refused
+    result = CliRunner().invoke(
+        slr_cli,
+        ["data", "filter", str(tasks), "--eval", str(folder), "-k", "3", "-o", str(out)],
+    )
+    assert result.exit_code != 0 and "drop -c / -k" in str(result.exception) + result.output
+
+
 # -- index and stats -------------------------------------------------------------------------
 
 

@@ -191,12 +191,16 @@ def test_unreachable_server_is_engine_unavailable():
     assert asyncio.run(engine.health()) is False
 
 
-def test_routed_experts_are_requested_and_returned(standin):
-    _, url = standin
+def test_routed_experts_are_read_from_vllms_base64_npy(standin):
+    state, url = standin
+    state.routed_experts = True  # the server was launched with --enable-return-routed-experts
     config = VllmEngineConfig(model="m", return_routed_experts=True, max_context=64)
     engine = VllmEngine(config, url=url, tokenizer=object())
     gen = asyncio.run(engine.generate([5], SamplingParams(max_tokens=2)))
-    assert gen.routed_experts == [[[2, 3]], [[3, 0]]]
+    assert gen.token_ids == (6, 7)
+    assert gen.routed_experts == [[[1, 2]], [[2, 3]]]  # tokens 5 and 6: all fed but the last
+    sent = [r["body"] for r in state.requests if r["path"] == "/v1/completions"][-1]
+    assert "return_routed_experts" not in sent  # not a request field: the server flag decides
     assert "--enable-return-routed-experts" in serve_command(
         config, executable="vllm", port=1, max_context=0
     )

@@ -39,6 +39,7 @@ class StandInState:
         self.fail_with: int | None = None  # answer completions with this HTTP status
         self.garble = False  # answer completions without logprobs
         self.world_size = 1
+        self.routed_experts = False  # as launched with --enable-return-routed-experts
         self.lock = threading.Lock()
 
 
@@ -100,8 +101,18 @@ def completion(state: StandInState, body: dict) -> tuple[int, dict]:
     }
     if state.return_token_ids and body.get("return_token_ids"):
         choice["token_ids"] = ids
-    if body.get("return_routed_experts"):
-        choice["routed_experts"] = [[[t % 4, (t + 1) % 4]] for t in ids]
+    if state.routed_experts and not body.get("stream"):
+        # vLLM: base64 of a .npy array (tokens - 1, layers, k), every token fed but the
+        # last; non-streamed answers only (its stream choices have no such field)
+        import base64
+        import io
+
+        import numpy as np
+
+        fed = (prompt + ids)[:-1]
+        buf = io.BytesIO()
+        np.save(buf, np.array([[[t % 4, (t + 1) % 4]] for t in fed], dtype=np.int32))
+        choice["routed_experts"] = base64.b64encode(buf.getvalue()).decode()
     return 200, {
         "id": "cmpl-standin",
         "object": "text_completion",
@@ -151,8 +162,6 @@ def make_handler(state: StandInState):
                 }
                 if ids is not None:
                     part["token_ids"] = ids[i : i + 1]
-                if "routed_experts" in choice:
-                    part["routed_experts"] = choice["routed_experts"][i : i + 1]
                 chunk = {**payload, "object": "text_completion", "choices": [part]}
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
@@ -264,6 +273,7 @@ def main(argv: list[str]) -> None:
         served_model_name=args.get("--served-model-name", argv[1]),
         max_model_len=int(args.get("--max-model-len", 64)),
     )
+    state.routed_experts = "--enable-return-routed-experts" in args
     if os.environ.get("VLLM_STANDIN_CHILD"):  # a worker process, as vLLM spawns them
         import subprocess
 

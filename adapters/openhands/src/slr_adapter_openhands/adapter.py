@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from attrs import frozen, validators
@@ -16,11 +17,13 @@ from slr.agents.bundle_recipes import (
 )
 from slr.agents.headless import (
     AGENT_DIR,
+    bundle_root,
     driver_command,
     driver_files,
     openai_base_url,
     run_scaffold,
 )
+from slr.agents.prestart import Prestarted, start_interpreter, take
 from slr.agents.tmux import ENV as TMUX_ENV
 from slr.agents.tmux import end_tmux, with_tmux
 from slr.config import option
@@ -77,6 +80,13 @@ class OpenHandsConfig:
     )
     python: str = option("3.12", doc="Python version of the bundle's interpreter (>= 3.12).")
     env: dict[str, str] = option(factory=dict, doc="More environment variables for the agent.")
+    prestart: bool = option(
+        True,
+        doc="With a warm pool ([rollout] pool_size > 0): start the SDK's Python in each "
+        "pooled sandbox ahead of its trial, the SDK (and litellm) imported, so the trial's "
+        "agent reaches its first model call without paying the import. The CPU is still "
+        "the trial's (costs.cpu_s.sandbox_start). No effect without a pool.",
+    )
 
 
 class OpenHands(AgentAdapter):
@@ -111,19 +121,38 @@ class OpenHands(AgentAdapter):
             "instruction_file": f"{AGENT_DIR}/instruction.md",
         }
 
-    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
-        """The command line and environment, with the bundle at ``root`` in the sandbox."""
-        env = {
+    def _env(self, root: str) -> dict[str, str]:
+        """The driver's environment, less the session's key."""
+        return {
             **python_env(root),
             # its model calls go through litellm: the price list is read locally, not fetched
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             **TMUX_ENV,
-            # The key travels in the environment, not in a file the agent could read back.
-            "SLR_OPENHANDS_API_KEY": endpoint.api_key,
             **({"ALLOW_SHORT_CONTEXT_WINDOWS": "true"} if self.config.allow_short_context else {}),
             **self.config.env,
         }
+
+    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        """The command line and environment, with the bundle at ``root`` in the sandbox."""
+        # The key travels in the environment, not in a file the agent could read back.
+        env = {**self._env(root), "SLR_OPENHANDS_API_KEY": endpoint.api_key, **self.config.env}
         return with_tmux(root, driver_command(python_bin(root, self.config.python))), env
+
+    async def prestart(self, sandbox: Sandbox) -> Prestarted | None:
+        """In a pooled sandbox, before its trial: the driver's Python with the SDK imported
+        (``slr.agents.prestart``); ``run`` hands it the trial."""
+        if not self.config.prestart:
+            return None
+        from slr_adapter_openhands.driver import PRELOAD
+
+        root = await bundle_root(sandbox, await asyncio.to_thread(self.bundle))
+        return await start_interpreter(
+            sandbox,
+            python=python_bin(root, self.config.python),
+            modules=PRELOAD,
+            env=self._env(root),
+            wrap=lambda line: with_tmux(root, line),
+        )
 
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
@@ -138,6 +167,7 @@ class OpenHands(AgentAdapter):
             cleanup=end_tmux,  # its terminal tool
             files=driver_files("slr_adapter_openhands", self.settings(endpoint)),
             logs_from=[f"{AGENT_DIR}/openhands"],
+            prestarted=take(sandbox),
         )
 
 

@@ -12,6 +12,37 @@ import os
 import sys
 from pathlib import Path
 
+#: What ``main`` imports, then (``?``: optional) what the SDK, litellm and openai import
+#: lazily on the way to the first model call (seen with openhands-sdk 1.58.2): a prestarted
+#: interpreter (slr.agents.prestart) imports these ahead.
+PRELOAD = (
+    "openhands.sdk",
+    "openhands.sdk.context.condenser",
+    "openhands.tools.file_editor",
+    "openhands.tools.task_tracker",
+    "openhands.tools.terminal",
+    "pydantic",
+    "?openhands.sdk.llm.provider_connection_store",
+    "?openai.resources",
+    "?openai.lib.streaming.chat",
+    "?openai.types.chat.completions",
+    "?litellm.litellm_core_utils.default_encoding",
+    "?litellm.llms.litellm_proxy.chat",
+    "?litellm.llms.openai.chat.gpt_audio_transformation",
+    "?litellm.llms.openai_like.dynamic_config",
+    "?litellm.llms.vertex_ai.vertex_ai_partner_models.anthropic",
+    "?litellm.proxy._experimental.mcp_server.utils",
+    "?litellm.proxy.openai_files_endpoints.common_utils",
+    "?litellm.responses.mcp.chat_completions_handler",
+    "?litellm.responses.mcp.litellm_proxy_mcp_handler",
+    "?httpcore",
+    "?h11",
+    "?h2.connection",
+    "?jiter",
+    "?tiktoken.load",
+    "?tiktoken_ext.openai_public",
+)
+
 
 def main(settings: dict) -> int:
     # The SDK lives in the bundle's venv (Python >= 3.12), where this runs, not the dev venv.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from attrs import frozen, validators
 
 from slr.agents import bundles
@@ -14,11 +16,13 @@ from slr.agents.bundle_recipes import (
 )
 from slr.agents.headless import (
     AGENT_DIR,
+    bundle_root,
     driver_command,
     driver_files,
     openai_base_url,
     run_scaffold,
 )
+from slr.agents.prestart import Prestarted, start_interpreter, take
 from slr.agents.tmux import ENV as TMUX_ENV
 from slr.agents.tmux import end_tmux, with_tmux
 from slr.config import option
@@ -51,6 +55,13 @@ class TerminusConfig:
         factory=dict, doc="More keyword arguments for harbor's Terminus2(...)."
     )
     env: dict[str, str] = option(factory=dict, doc="More environment variables for the agent.")
+    prestart: bool = option(
+        True,
+        doc="With a warm pool ([rollout] pool_size > 0): start harbor's Python in each "
+        "pooled sandbox ahead of its trial, Terminus-2 (and litellm) imported, so the "
+        "trial's agent reaches its first model call without paying the import. The CPU is "
+        "still the trial's (costs.cpu_s.sandbox_start). No effect without a pool.",
+    )
 
 
 class Terminus(AgentAdapter):
@@ -87,17 +98,36 @@ class Terminus(AgentAdapter):
             "extra_kwargs": dict(c.extra_kwargs),
         }
 
-    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
-        """The command line and environment, with the bundle at ``root`` in the sandbox."""
-        env = {
+    def _env(self, root: str) -> dict[str, str]:
+        """The driver's environment, less the session's key."""
+        return {
             **python_env(root),
             # its model calls go through litellm: the price list is read locally, not fetched
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             **TMUX_ENV,
-            "OPENAI_API_KEY": endpoint.api_key,
             **self.config.env,
         }
+
+    def command(self, root: str, endpoint: Endpoint) -> tuple[str, dict[str, str]]:
+        """The command line and environment, with the bundle at ``root`` in the sandbox."""
+        env = {**self._env(root), "OPENAI_API_KEY": endpoint.api_key, **self.config.env}
         return with_tmux(root, driver_command(python_bin(root, self.config.python))), env
+
+    async def prestart(self, sandbox: Sandbox) -> Prestarted | None:
+        """In a pooled sandbox, before its trial: the driver's Python with Terminus-2
+        imported (``slr.agents.prestart``); ``run`` hands it the trial."""
+        if not self.config.prestart:
+            return None
+        from slr_adapter_terminus.driver import PRELOAD
+
+        root = await bundle_root(sandbox, await asyncio.to_thread(self.bundle))
+        return await start_interpreter(
+            sandbox,
+            python=python_bin(root, self.config.python),
+            modules=PRELOAD,
+            env=self._env(root),
+            wrap=lambda line: with_tmux(root, line),
+        )
 
     async def run(
         self, sandbox: Sandbox, instruction: str, endpoint: Endpoint, *, timeout_s: float
@@ -112,6 +142,7 @@ class Terminus(AgentAdapter):
             cleanup=end_tmux,  # it types its commands into a tmux session
             files=driver_files("slr_adapter_terminus", self.settings(endpoint)),
             logs_from=[f"{AGENT_DIR}/terminus"],
+            prestarted=take(sandbox),
         )
 
 

@@ -16,6 +16,32 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+#: What ``main`` and ``ThisMachine`` import, then (``?``: optional) what litellm imports
+#: lazily on the way to the first model call (seen with harbor 0.26.0): a prestarted
+#: interpreter (slr.agents.prestart) imports these ahead.
+PRELOAD = (
+    "harbor.agents.terminus_2.terminus_2",
+    "harbor.environments.base",
+    "harbor.models.agent.context",
+    "?litellm.litellm_core_utils.default_encoding",
+    "?litellm.litellm_core_utils.duration_parser",
+    "?litellm.litellm_core_utils.logging_callback_manager",
+    "?litellm.integrations.generic_api",
+    "?litellm.llms.github_copilot.authenticator",
+    "?litellm.llms.github_copilot.github_host",
+    "?litellm.llms.github_copilot.per_user_auth",
+    "?litellm.llms.litellm_proxy.chat.transformation",
+    "?litellm.llms.openai.chat.gpt_audio_transformation",
+    "?litellm.llms.openai_like.dynamic_config",
+    "?litellm.proxy._types",
+    "?litellm.proxy.common_utils",
+    "?litellm.proxy.mcp_server",
+    "?litellm.proxy.openai_files_endpoints.common_utils",
+    "?litellm.proxy.types_utils",
+    "?tiktoken.load",
+    "?tiktoken_ext.openai_public",
+)
+
 
 class ThisMachine:
     """The sandbox itself, in the shape of the harbor environment Terminus-2 talks to."""

@@ -12,13 +12,15 @@ import contextlib
 import json
 import shlex
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
 from slr.agents.bundles import Marker
+from slr.agents.prestart import Prestarted
+from slr.agents.prestart_main import UNAVAILABLE, UNAVAILABLE_EXIT
 from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox, SandboxError
 from slr.errors import SlrError
 
@@ -199,9 +201,13 @@ def driver_files(package: str, settings: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+#: What follows the interpreter in ``driver_command``: the driver and its settings.
+DRIVER_ARGV = (f"{AGENT_DIR}/driver.py", f"{AGENT_DIR}/settings.json")
+
+
 def driver_command(python: str) -> str:
     """Run the driver of ``driver_files`` on ``python`` (the bundle's interpreter)."""
-    return f"{python} {AGENT_DIR}/driver.py {AGENT_DIR}/settings.json </dev/null"
+    return shlex.join([python, *DRIVER_ARGV]) + " </dev/null"
 
 
 async def run_scaffold(
@@ -215,6 +221,7 @@ async def run_scaffold(
     logs_from: Sequence[str] = (),
     python: bool = False,
     cleanup: Callable[[str], str] | None = None,
+    prestarted: Prestarted | None = None,
 ) -> AgentOutcome:
     """An adapter's whole ``run``: find its bundle in ``sandbox``, build the command and
     environment (``adapter.command(root, endpoint)``), upload the instruction
@@ -224,18 +231,49 @@ async def run_scaffold(
     ``python``: a Python scaffold (an uncaught exception is a crash). ``cleanup``: given the
     bundle's ``root``, a shell line run after the scaffold ended, timed out or not, to end
     what it started outside its own process tree (e.g. a tmux server, which daemonizes).
+    ``prestarted``: the driver's interpreter, already started in this sandbox by the warm
+    pool (``slr.agents.prestart``); the driver (``DRIVER_ARGV``) runs in it instead of in a
+    fresh ``python``. When it turns out not to be waiting, the command runs afresh.
     """
     bundle = adapter.bundle()
     root = await bundle_root(sandbox, bundle)
     command, env = adapter.command(root, endpoint)
-    return await run_headless(
-        sandbox,
-        command=command,
-        env=env,
-        timeout_s=timeout_s,
-        bundle=bundle,
-        files={"instruction.md": instruction, **(files or {})},
-        logs_from=logs_from,
-        cleanup=cleanup(root) if cleanup is not None else None,
-        crash_markers=[PYTHON_CRASH] if python else (),
-    )
+
+    def run(line: str) -> Awaitable[AgentOutcome]:
+        return run_headless(
+            sandbox,
+            command=line,
+            env=env,
+            timeout_s=timeout_s,
+            bundle=bundle,
+            files={"instruction.md": instruction, **(files or {})},
+            logs_from=logs_from,
+            cleanup=cleanup(root) if cleanup is not None else None,
+            crash_markers=[PYTHON_CRASH] if python else (),
+        )
+
+    if prestarted is None or not prestarted.alive:
+        return await run(command)
+    try:
+        outcome = await run(prestarted.command(DRIVER_ARGV))
+    except ScaffoldCrashed as exc:
+        await _add_interpreter_logs(prestarted, exc.outcome)
+        raise
+    if outcome.exit_code == UNAVAILABLE_EXIT and UNAVAILABLE in outcome.logs.get("stderr", ""):
+        log.warning("the prestarted interpreter was gone; starting the scaffold afresh")
+        await prestarted.close()
+        return await run(command)
+    await _add_interpreter_logs(prestarted, outcome)
+    return outcome
+
+
+async def _add_interpreter_logs(prestarted: Prestarted, outcome: AgentOutcome) -> None:
+    """What the prestarted interpreter printed before its launch (import warnings), which a
+    fresh start would have printed into the scaffold's own output."""
+    ended = await prestarted.finished()
+    if ended is None:
+        await prestarted.close()
+        return
+    text = (ended.stdout + ended.stderr).strip()
+    if text:
+        outcome.logs["prestart"] = _cut(text)

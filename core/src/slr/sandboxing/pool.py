@@ -19,6 +19,11 @@ Safety, which the pool tests hold it to:
   the pool is charged to the trial it serves, and ``pool_start_s`` records the wall time
   the pool spent starting it.
 
+``prestart`` (the agent's, optional) runs on each pooled sandbox once it is up, before its
+trial is known: an agent starts its scaffold's interpreter there ahead of the trial
+(``slr.agents.prestart``). What it returns travels with the sandbox as ``prestarted``; a
+prestart that fails leaves the sandbox as it is (the trial starts its scaffold afresh).
+
 Pooled sandboxes are started before their trial is known: they carry the run's labels, the
 task's, ``labels.POOL`` and a placeholder trial id (``pool-<hex>``), not the trial's.
 """
@@ -30,7 +35,7 @@ import collections
 import contextlib
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +47,14 @@ log = structlog.get_logger()
 
 
 class PooledSandbox:
-    """A sandbox from the pool: the backend's own, plus how long the pool spent starting it."""
+    """A sandbox from the pool: the backend's own, plus how long the pool spent starting it
+    and what the agent's ``prestart`` left in it (``prestarted``; None without)."""
 
-    def __init__(self, inner: Any, pool_start_s: float) -> None:
+    def __init__(self, inner: Any, pool_start_s: float, prestarted: Any = None) -> None:
         self.inner = inner
         self.id = inner.id
         self.pool_start_s = pool_start_s
+        self.prestarted = prestarted
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -75,13 +82,15 @@ class PooledSandbox:
 
 
 class _Warm:
-    """One pooled sandbox, starting or started."""
+    """One pooled sandbox, starting or started (``start``: set once, by the pool's fill)."""
 
-    def __init__(self, task: Any, start: asyncio.Task[Any]) -> None:
+    start: asyncio.Future[Any]
+
+    def __init__(self, task: Any) -> None:
         self.task = task
-        self.start = start
         self.began = time.monotonic()
         self.ready_at: float | None = None
+        self.prestarted: Any = None
 
 
 async def is_healthy(sandbox: Any) -> bool:
@@ -100,7 +109,8 @@ class SandboxPool:
 
     ``mounts`` are the read-only mounts every trial of the run asks for (the agent's bundle):
     a ``start`` asking for other mounts gets a sandbox of its own. ``labels`` (the run's)
-    go on every pooled sandbox.
+    go on every pooled sandbox. ``prestart(sandbox)`` (the agent's) runs on each pooled
+    sandbox once it is up; its result is the handed-out sandbox's ``prestarted``.
     """
 
     def __init__(
@@ -110,6 +120,7 @@ class SandboxPool:
         size: int,
         mounts: Mapping[Path, str] | None = None,
         run_id: str | None = None,
+        prestart: Callable[[Any], Awaitable[Any]] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"a sandbox pool needs size >= 1, got {size}; use no pool for 0")
@@ -117,6 +128,7 @@ class SandboxPool:
         self.size = size
         self.mounts = dict(mounts or {})
         self.run_id = run_id
+        self.prestart = prestart
         self.pool_id = uuid.uuid4().hex[:8]
         self._demand: collections.deque[Any] = collections.deque()
         self._warm: list[_Warm] = []
@@ -189,7 +201,9 @@ class SandboxPool:
             sandbox = None
         if sandbox is not None and await is_healthy(sandbox):
             ended = warm.ready_at or time.monotonic()
-            return PooledSandbox(sandbox, pool_start_s=ended - warm.began)
+            return PooledSandbox(
+                sandbox, pool_start_s=ended - warm.began, prestarted=warm.prestarted
+            )
         if sandbox is not None:
             self.replaced += 1
             log.warning("pooled sandbox is broken; replacing it", sandbox=str(sandbox.id)[:12])
@@ -213,7 +227,8 @@ class SandboxPool:
     def _fill(self) -> None:
         while not self._closed and self._demand and len(self._warm) < self.size:
             task = self._demand.popleft()
-            warm = _Warm(task, asyncio.ensure_future(self._start_one(task)))
+            warm = _Warm(task)
+            warm.start = asyncio.ensure_future(self._start_one(warm))
             self._warm.append(warm)
 
             def ready(_: Any, w: _Warm = warm) -> None:
@@ -221,13 +236,24 @@ class SandboxPool:
 
             warm.start.add_done_callback(ready)
 
-    async def _start_one(self, task: Any) -> Any:
+    async def _start_one(self, warm: _Warm) -> Any:
         placeholder = f"pool-{self.pool_id}-{uuid.uuid4().hex[:8]}"
-        labels = trial_labels(run_id=self.run_id, trial_id=placeholder, task_id=task.id)
+        labels = trial_labels(run_id=self.run_id, trial_id=placeholder, task_id=warm.task.id)
         labels[POOL] = self.pool_id
-        return await self.backend.start(
-            task, trial_id=placeholder, labels=labels, mounts=self.mounts
+        sandbox = await self.backend.start(
+            warm.task, trial_id=placeholder, labels=labels, mounts=self.mounts
         )
+        if self.prestart is None:
+            return sandbox
+        try:
+            warm.prestarted = await self.prestart(sandbox)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await sandbox.stop()
+            raise
+        except Exception as exc:  # the trial starts its scaffold afresh
+            log.warning("prestarting the agent in a pooled sandbox failed", error=repr(exc))
+        return sandbox
 
     async def _discard(self, warm: _Warm) -> None:
         if not warm.start.done():

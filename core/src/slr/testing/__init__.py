@@ -9,6 +9,7 @@ subclass the conformance suites in ``slr.testing.conformance``.
 from slr.testing.conformance import (
     AgentAdapterTests,
     EngineTests,
+    PrestartingAdapterTests,
     SandboxBackendTests,
     ScaffoldAdapterTests,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "AgentAdapterTests",
     "EngineTests",
     "PluginsForTest",
+    "PrestartingAdapterTests",
     "SandboxBackendTests",
     "ScaffoldAdapterTests",
 ]

@@ -19,6 +19,7 @@ from attrs import frozen
 
 from slr.agents.headless import KILL_GRACE_S, ScaffoldCrashed, bundle_root
 from slr.agents.model_free import NopAgent, OracleAgent
+from slr.agents.prestart import Prestarted
 from slr.contracts import (
     AgentAdapter,
     AgentOutcome,
@@ -32,6 +33,7 @@ from slr.contracts import (
     SandboxError,
     TerminationReason,
 )
+from slr.sandboxing.pool import PooledSandbox
 from slr.testing.sandbox_probes import (
     HTTP_PROBE,
     INTERFACES,
@@ -382,6 +384,7 @@ class AgentRun:
     leftovers: str
     duration_s: float
     bundle: Bundle
+    prestarted: Prestarted | None = None
 
 
 class AgentAdapterTests:
@@ -544,13 +547,49 @@ class ScaffoldAdapterTests(AgentAdapterTests):
         assert crashed.outcome.exit_code is not None and crashed.outcome.exit_code != 0
 
 
+class PrestartingAdapterTests:
+    """For a ``ScaffoldAdapterTests`` adapter with ``prestart(sandbox)``: its scaffold,
+    started ahead in the sandbox (as the warm pool does), takes the trial and does the
+    same work as started afresh. Subclass it beside ``ScaffoldAdapterTests``; same fixtures.
+    """
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def prestarted_run(cls, adapter, sandbox_factory, scripted_policy, hello_script):
+        scripted_policy.reset(hello_script)
+        try:
+            run = _agent_run(adapter, sandbox_factory, scripted_policy, 240.0, prestart=True)
+            return _run(run)
+        finally:
+            scripted_policy.reset()
+
+    @pytest.mark.slow
+    def test_a_prestarted_scaffold_takes_the_trial(self, prestarted_run):
+        run = prestarted_run
+        assert run.prestarted is not None, "prestart() started nothing"
+        assert not run.outcome.timed_out and run.outcome.exit_code == 0, _tail(run)
+        assert run.hello is not None and run.hello.strip() == "hello", _tail(run)
+        assert [r for r in run.requests if r.method == "POST"], "no model call"
+        # the prestarted interpreter ran the trial and ended with it (a fresh start
+        # would have left it waiting)
+        assert not run.prestarted.alive
+        assert run.prestarted.server.result().exit_code == 0
+        assert run.leftovers == "", f"processes left running: {run.leftovers}"
+
+
 MODEL = "slr-policy"
 API_KEY = "slr-conformance-key"
 
 
-async def _agent_run(adapter, sandbox_factory, stub, timeout_s: float) -> AgentRun:
+async def _agent_run(
+    adapter, sandbox_factory, stub, timeout_s: float, *, prestart: bool = False
+) -> AgentRun:
     bundle = adapter.bundle()
     sandbox = await sandbox_factory(bundle)
+    prestarted = None
+    if prestart:  # as the warm pool does before the trial is known
+        prestarted = await adapter.prestart(sandbox)
+        sandbox = PooledSandbox(sandbox, pool_start_s=0.0, prestarted=prestarted)
     try:
         endpoint = Endpoint(base_url=sandbox.proxy_url(stub.url), api_key=API_KEY, model=MODEL)
         started = time.monotonic()
@@ -572,6 +611,7 @@ async def _agent_run(adapter, sandbox_factory, stub, timeout_s: float) -> AgentR
             leftovers=left.stdout.strip(),
             duration_s=took,
             bundle=bundle,
+            prestarted=prestarted,
         )
     finally:
         await sandbox.stop()

@@ -16,6 +16,8 @@ from rich.table import Table
 from slr.agents.model_free import NopAgent, OracleAgent
 from slr.errors import UsageError
 from slr.tasks import Task, load_tasks
+from slr_cli.options import config_options, resolve_config
+from slr_cli.preflight_cmd import gate, skip_preflight_option
 
 VALIDATION = "validation.json"
 
@@ -120,9 +122,23 @@ def pass_rates(eval_dir: Path, threshold: float = 1.0) -> dict[str, tuple[int, i
 @click.option(
     "--eval",
     "eval_dir",
-    required=True,
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="An `slr eval -k K` run folder over these tasks.",
+    help="An `slr eval -k K` run folder over these tasks (else the eval runs here first).",
+)
+@config_options
+@click.option(
+    "-k",
+    "--samples",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Without --eval: trials per task of the eval this command runs first.",
+)
+@click.option(
+    "--threshold",
+    default=1.0,
+    show_default=True,
+    help="A trial succeeds when its reward is at least this.",
 )
 @click.option("--min", "low", default=0.0, show_default=True, help="Keep pass rates above this ...")
 @click.option(
@@ -136,11 +152,51 @@ def pass_rates(eval_dir: Path, threshold: float = 1.0) -> dict[str, tuple[int, i
     type=click.Path(dir_okay=False, path_type=Path),
     help="The kept tasks' index (.parquet) with pass_rate and difficulty.",
 )
-def filter_(tasks_path, eval_dir, low, high, inclusive, output) -> None:
-    """Keep tasks a policy solves sometimes but not always (pass rate in the band)."""
+@skip_preflight_option
+def filter_(
+    tasks_path,
+    eval_dir,
+    config_path,
+    agent,
+    backend,
+    engine,
+    optimizer,
+    verifier,
+    sets,
+    samples,
+    threshold,
+    low,
+    high,
+    inclusive,
+    output,
+    skip_preflight,
+) -> None:
+    """Keep tasks a policy solves sometimes but not always (pass rate in the band).
+
+    \b
+    Examples:
+      slr data filter tasks/ -c run.toml -k 8 --min 0 --max 1 -o kept.parquet
+      slr data filter tasks/ --eval runs/eval-x --min 0.1 --max 0.9 -o kept.parquet
+
+    \b
+    Without --eval, `slr eval -k K` runs first over TASKS_PATH with the config's engine,
+    agent, backend and verifier (the same code and run folder as `slr eval`; its path is
+    printed), then the band is applied to its pass rates. With --eval, an earlier eval's
+    trials are read instead. Infrastructure failures are left out of the rates.
+    """
     if not 0.0 <= low <= high <= 1.0:
         raise UsageError(f"--min {low} / --max {high}: need 0 <= min <= max <= 1")
-    rates = pass_rates(eval_dir)
+    if eval_dir is None:
+        eval_dir = _run_eval(
+            tasks_path,
+            (config_path, agent, backend, engine, optimizer, verifier, sets),
+            samples=samples,
+            threshold=threshold,
+            skip_preflight=skip_preflight,
+        )
+    elif config_path is not None or samples != 8:
+        raise UsageError("--eval reads an earlier eval: drop -c / -k (or drop --eval to run one)")
+    rates = pass_rates(eval_dir, threshold=threshold)
     tasks = load_tasks(tasks_path)
     kept: dict[str, float] = {}
     unseen = []
@@ -163,6 +219,33 @@ def filter_(tasks_path, eval_dir, low, high, inclusive, output) -> None:
         f"kept {len(kept)} of {len(tasks)} tasks (pass rate in "
         f"{'[' if inclusive else '('}{low}, {high}{']' if inclusive else ')'}) -> {output}"
     )
+
+
+def _run_eval(
+    tasks_path: Path, choices: tuple, *, samples: int, threshold: float, skip_preflight: bool
+) -> Path:
+    """``slr eval -k samples`` over ``tasks_path``: the same code as the command; its folder."""
+    from slr.evaluation import Evaluation
+
+    config_path, agent, backend, engine, _optimizer, verifier, sets = choices
+    cfg = resolve_config(
+        config_path,
+        agent,
+        backend,
+        engine,
+        None,
+        verifier,
+        [*sets, f"tasks.path={json.dumps(str(tasks_path.resolve()))}"],
+        only_plugins=("agent", "backend", "engine", "verifier"),
+    )
+    gate(cfg, purpose="eval", skip=skip_preflight)
+    evaluation = Evaluation(cfg, samples=samples, threshold=threshold)
+    summary = evaluation.main()
+    click.echo(
+        f"eval: {evaluation.run.path} (pass@1 {(summary.get('pass_at') or {}).get('1')})",
+        err=True,
+    )
+    return evaluation.run.path
 
 
 def split_of(repo: str, held_out: set[str], fraction: float, seed: int) -> str:

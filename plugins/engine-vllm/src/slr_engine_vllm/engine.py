@@ -139,7 +139,6 @@ class VllmEngine:
             sampling,
             model=self.config.served_model_name,
             allow_truncated_logprobs=self.config.allow_truncated_logprobs,
-            return_routed_experts=self.config.return_routed_experts,
         )
         if stream:
             body["stream"] = True

@@ -21,6 +21,7 @@ completion chunk whose choice carries the new tokens' ids and log-probs, the las
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -43,7 +44,6 @@ def completion_request(
     *,
     model: str,
     allow_truncated_logprobs: bool = False,
-    return_routed_experts: bool = False,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /v1/completions`` for one generation."""
     if not allow_truncated_logprobs and (sampling.top_k or sampling.top_p < 1.0):
@@ -77,8 +77,6 @@ def completion_request(
         body["stop"] = list(sampling.stop)
     if sampling.stop_token_ids:
         body["stop_token_ids"] = list(sampling.stop_token_ids)
-    if return_routed_experts:
-        body["return_routed_experts"] = True
     return body
 
 
@@ -93,7 +91,7 @@ def parse_completion(data: Any, *, prompt_tokens: int, weights_version: int) -> 
         token_ids=ids,
         logprobs=values,
         finish_reason=reason,
-        routed_experts=choice.get("routed_experts"),
+        routed_experts=routed_experts(choice.get("routed_experts")),
         weights_version=weights_version,
         prompt_tokens=prompt_tokens,
     )
@@ -111,10 +109,26 @@ def parse_chunk(data: Any, *, prompt_tokens: int, weights_version: int) -> Gener
         token_ids=ids,
         logprobs=values,
         weights_versions=[weights_version] * len(ids),
-        routed_experts=choice.get("routed_experts"),
+        routed_experts=routed_experts(choice.get("routed_experts")),
         finish_reason=reason,
         prompt_tokens=prompt_tokens,
     )
+
+
+def routed_experts(value: Any) -> list[Any] | None:
+    """A choice's ``routed_experts``: vLLM sends base64 of a ``.npy`` array shaped
+    (tokens - 1, layers, experts per token), in non-streamed answers only."""
+    if value is None or isinstance(value, list):
+        return value
+    import io
+
+    import numpy as np
+
+    try:
+        array = np.load(io.BytesIO(base64.b64decode(value)), allow_pickle=False)
+    except (ValueError, TypeError, OSError) as exc:
+        raise ProtocolError(f"routed_experts is not a base64 .npy array: {exc}") from exc
+    return array.astype(int).tolist()
 
 
 def _choice(data: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import structlog
@@ -26,22 +26,23 @@ from slr.contracts import BrokenEnvironment, SandboxError
 from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr.sandboxing.exec_channel import SOCKET_NAME as EXEC_SOCKET
 from slr.sandboxing.exec_channel import ExecChannel, ExecListener
-from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, SANDBOX, TASK, trial_labels
-from slr_backend_docker import DockerBackendConfig
+from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, SANDBOX, trial_labels
+from slr_backend_docker import registry
 from slr_backend_docker.client import (
     DaemonUnreachable,
     connect,
     daemon_unreachable,
     transport_errors,
 )
+from slr_backend_docker.config import DockerBackendConfig
 from slr_backend_docker.sandbox import DockerSandbox
-from slr_backend_docker.tags import image_tag
+from slr_backend_docker.tags import image_tag, task_image_labels
 
 log = structlog.get_logger()
 T = TypeVar("T")
+#: Where ``ensure_image`` found a task's image.
+ImageSource = Literal["cached", "pulled", "built"]
 
-# An image's label (not a sandbox's): the environment content hash it was built from.
-LABEL_HASH = "slr.content_hash"
 LINK_MOUNT = "/run/slr"
 
 
@@ -108,21 +109,33 @@ class DockerBackend:
 
     async def prepare(self, task: Any) -> None:
         """Build the task's image unless an image with its content hash exists."""
-        await self._when_daemon_answers(lambda: self._prepare(task))
+        await self.ensure_image(task)
 
-    async def _prepare(self, task: Any) -> None:
+    async def ensure_image(self, task: Any) -> ImageSource:
+        """Make the task's image exist on the daemon; say where it came from.
+
+        The one path that builds a task image: trials (``prepare``, ``start``), ``slr images
+        build`` and the k8s backend's builder all come here. ``cached``: the tag (content
+        hash) was already there and nothing ran; ``pulled``: from ``registry``; ``built``:
+        from the Dockerfile (and pushed to ``registry`` when one is set).
+        """
+        return await self._when_daemon_answers(lambda: self._ensure(task))
+
+    async def _ensure(self, task: Any) -> ImageSource:
         tag = self.image_tag(task)
         if tag in self._build_failures:
             raise self._build_failures[tag]
         lock = self._build_locks.setdefault((id(asyncio.get_running_loop()), tag), asyncio.Lock())
         async with lock:
             if await self.call(self._image_exists, tag):
-                return
+                return "cached"
             if task.environment.docker_image:
                 raise BrokenEnvironment(
                     f"task {task.id}: image {tag!r} (environment.docker_image) is not on the "
                     f"daemon and slr does not pull; load it first (docker load / docker pull)"
                 )
+            if self.config.registry and await self.call(self._pull, tag):
+                return "pulled"
             try:
                 await asyncio.wait_for(
                     self.call(self._build, task, tag), timeout=task.environment.build_timeout_s
@@ -135,6 +148,24 @@ class DockerBackend:
             except BrokenEnvironment as exc:
                 self._build_failures[tag] = exc
                 raise
+            if self.config.registry:
+                await self.call(self._push, tag)
+            return "built"
+
+    def _pull(self, tag: str) -> bool:
+        try:
+            return registry.pull(self.client.api, tag, self.config.registry)
+        except registry.RegistryError as exc:
+            # the registry is a shared cache: without it the image is built here instead
+            log.warning("registry did not answer; building the image here", error=str(exc))
+            return False
+
+    def _push(self, tag: str) -> None:
+        try:
+            registry.push(self.client.api, tag, self.config.registry)
+        except registry.RegistryError as exc:
+            # the image is here and the trial can run; other machines will build their own
+            log.warning("could not push the built image", error=str(exc))
 
     def _image_exists(self, tag: str) -> bool:
         import docker.errors
@@ -163,7 +194,7 @@ class DockerBackend:
                 rm=True,
                 forcerm=True,
                 decode=True,
-                labels={TASK: task.id, LABEL_HASH: env.content_hash},
+                labels=task_image_labels(task),
             )
             for chunk in stream:
                 if "stream" in chunk:
@@ -243,7 +274,7 @@ class DockerBackend:
         labels: Mapping[str, str],
         mounts: Mapping[Path, str] | None,
     ) -> DockerSandbox:
-        await self._prepare(task)
+        await self._ensure(task)
         if self.config.socket_dir is None and not daemon_is_local(self.client.api.base_url):
             raise SandboxError(
                 f"the docker daemon at {self.client.api.base_url} is not on this machine, so it "

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from slr_backend_docker.tags import LABEL_BASE
+
 BASE_TAG = "slr-base:bookworm"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -104,7 +106,7 @@ def build_base_image(
                     'CMD ["/bin/bash"]',
                     "ENV LANG=C.UTF-8",
                     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                    "LABEL slr.base=1",
+                    f"LABEL {LABEL_BASE}=1",
                 ],
             )
     if not image_exists(client, tag):

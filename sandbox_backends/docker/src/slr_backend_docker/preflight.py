@@ -116,12 +116,13 @@ def check_images(ctx: Context) -> CheckResult | None:
         return warn(
             f"the daemon must pull {', '.join(pulls[:4])} for {len(to_build)} task image(s) "
             f"(a machine with no registry access cannot)",
-            fix=f"docker pull (or docker load) {pulls[0]} ahead, or build the images with "
-            f"`slr data validate`",
+            fix=f"docker pull (or docker load) {pulls[0]} ahead, then build the task images "
+            f"with `slr images build`",
             doc=DOC_IMAGES,
         )
     built = len(tasks) - len(to_build)
     return ok(
         f"{built} of {len(tasks)} task image(s) on the daemon; the other {len(to_build)} "
         f"build from local images at their first trial"
+        + (" (or ahead, all at once: `slr images build TASKS -j 4`)" if to_build else "")
     )

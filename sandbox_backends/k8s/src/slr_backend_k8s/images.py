@@ -102,7 +102,9 @@ class ImageLoader:
         if self.config.image_load == "registry" and not getattr(
             task.environment, "docker_image", None
         ):
-            return f"{self.config.registry.rstrip('/')}/{tag}"
+            from slr_backend_docker.tags import registry_ref
+
+            return registry_ref(self.config.registry, tag)
         return tag
 
     async def prepare(self, task: Any, call) -> str:
@@ -219,18 +221,8 @@ class ImageLoader:
     # -- registry ------------------------------------------------------------------------
 
     def _push(self, ref: str) -> None:
-        import docker.errors
+        # the docker backend's push: the same naming as `slr images build --push`
+        from slr_backend_docker import registry
 
-        local = ref.removeprefix(self.config.registry.rstrip("/") + "/")
-        repo, _, tag = ref.rpartition(":")
-        api = self.builder.client.api
-        try:
-            api.tag(local, repo, tag)
-            for chunk in api.push(repo, tag, stream=True, decode=True):
-                if "error" in chunk:
-                    raise SandboxError(
-                        f"pushing {ref} failed: {chunk['error']}. Log in to the registry "
-                        f"(docker login) and check backend.registry"
-                    )
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"pushing {ref} failed: {exc}") from exc
+        local = ref.removeprefix(self.config.registry.strip().rstrip("/") + "/")
+        registry.push(self.builder.client.api, local, self.config.registry)

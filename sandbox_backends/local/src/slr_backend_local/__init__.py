@@ -25,6 +25,31 @@ class LocalBackendConfig:
         doc="Folder for the prepared task environments, keyed by content hash; default: "
         "~/.cache/slr/local-envs.",
     )
+    rootfs: Literal["host", "image", "auto"] = option(
+        "host",
+        doc="What a sandbox's / is built from: 'image' (the task's FROM image, unpacked from "
+        "the docker image store or the OCI layout; the Dockerfile's steps run in it, as docker "
+        "would), 'host' (this machine's /usr, read-only, with the Dockerfile's steps replayed "
+        "on it: needs no image), or 'auto' (image when the FROM image is in a local store, "
+        "else host). See docs/sandboxes.md.",
+    )
+    images_dir: str | None = option(
+        None,
+        doc="Folder for unpacked FROM images (rootfs = 'image'), keyed by image digest and "
+        "shared by every cache_dir; default: ~/.cache/slr/local-images.",
+    )
+    oci_layout: str | None = option(
+        None,
+        doc="An OCI image layout to find FROM images in when no docker daemon has them "
+        "(tag: the reference with every character but letters, digits, '.', '_', '-' "
+        "as '_'); default: ~/.cache/slr/oci when it exists.",
+    )
+    root_copy: Literal["auto", "overlay", "copy"] = option(
+        "auto",
+        doc="How each trial gets its own copy of an image root (rootfs = 'image'): 'overlay' "
+        "(an overlayfs upper layer: needs root), 'copy' (cp -a), or 'auto' (overlay where it "
+        "mounts).",
+    )
     proxy_port: int = option(
         47110, doc="Port on the sandbox's loopback where the agent reaches the proxy."
     )
@@ -56,6 +81,7 @@ def register_sandbox_backends(register):
 
 @slr.hookimpl
 def register_preflight_checks(register):
-    from slr_backend_local.preflight import check_isolation
+    from slr_backend_local.preflight import check_image_sources, check_isolation
 
     register("local-isolation", check_isolation, stage="machine")
+    register("local-images", check_image_sources, stage="machine")

@@ -1,15 +1,14 @@
-"""The local backend: no daemon. A task's Dockerfile is replayed once into a cached root
-(see ``dockerfile.py`` for what can be), each trial gets a copy as its workspace, and every
-command runs in it under bubblewrap (see ``isolation.py``)."""
+"""The local backend: no daemon. A task's Dockerfile is run once into a cached root (the
+FROM image's own filesystem, or the host's userland: ``build.py``), each trial gets its own
+copy of it as its workspace (an overlay or a copy), and every command runs in it under
+bubblewrap (``isolation.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import posixpath
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
@@ -22,9 +21,17 @@ from slr.contracts import SandboxError
 from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
 from slr.sandboxing.cpu import SandboxCgroup, remove_stale_cgroups
 from slr_backend_local import LocalBackendConfig
-from slr_backend_local import dockerfile as df
-from slr_backend_local.isolation import bwrap_argv, bwrap_path, make_root
+from slr_backend_local.build import META, Builder, Plan, Prepared
+from slr_backend_local.isolation import bwrap_path, host_python_argv
 from slr_backend_local.limits import Limits, SandboxLimits, remove_stale_groups
+from slr_backend_local.rootfs import (
+    ImageStores,
+    copy_tree,
+    default_oci_layout,
+    mount_overlay,
+    overlay_supported,
+    remove_tree,
+)
 from slr_backend_local.sandbox import LocalSandbox, kill_workspace_processes
 
 log = structlog.get_logger()
@@ -56,6 +63,12 @@ class LocalBackend:
         self.cache_dir = Path(
             self.config.cache_dir or Path.home() / ".cache" / "slr" / "local-envs"
         )
+        self.stores = ImageStores(
+            Path(self.config.images_dir or Path.home() / ".cache" / "slr" / "local-images"),
+            _oci_layout(self.config.oci_layout),
+        )
+        self._builder_obj: Builder | None = None
+        self._plans: dict[str, Plan] = {}  # content hash -> which root, for this backend's life
         # per event loop: an asyncio.Lock belongs to the loop that first waits on it
         self._locks: dict[tuple[int, str], asyncio.Lock] = {}
 
@@ -65,101 +78,43 @@ class LocalBackend:
 
     # -- prepared roots ------------------------------------------------------------------
 
-    def _env_dir(self, task: Any) -> Path:
-        return self.cache_dir / task.environment.content_hash[:24]
+    def _builder(self) -> Builder:
+        if self._builder_obj is None:
+            overlay = self.config.rootfs != "host" and (
+                self.config.root_copy == "overlay"
+                or (self.config.root_copy == "auto" and overlay_supported(self.cache_dir))
+            )
+            if self.config.root_copy == "overlay" and not overlay_supported(self.cache_dir):
+                raise SandboxError(
+                    "[backend] root_copy = 'overlay' but this process cannot mount an overlay "
+                    "(it needs root and a kernel with overlayfs): set root_copy = 'auto'"
+                )
+            self._builder_obj = Builder(
+                cache_dir=self.cache_dir,
+                stores=self.stores,
+                bwrap=self.bwrap,
+                rootfs=self.config.rootfs,
+                overlay=overlay,
+            )
+        return self._builder_obj
 
     async def prepare(self, task: Any) -> None:
-        env_dir = self._env_dir(task)
-        if (env_dir / "meta.json").is_file():
-            return
-        lock = self._locks.setdefault(
-            (id(asyncio.get_running_loop()), str(env_dir)), asyncio.Lock()
-        )
+        """Build the task's root once (cached by content hash)."""
+        await self.prepared(task)
+
+    async def prepared(self, task: Any) -> Prepared:
+        """The task's built root (``build.Prepared``), building it on first use."""
+        key = task.environment.content_hash
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = await asyncio.to_thread(self._builder().plan, task)
+            self._plans[key] = plan
+        folder = self.cache_dir / plan.key
+        if (folder / META).is_file():
+            return Prepared.load(folder)
+        lock = self._locks.setdefault((id(asyncio.get_running_loop()), str(folder)), asyncio.Lock())
         async with lock:
-            if (env_dir / "meta.json").is_file():
-                return
-            await asyncio.to_thread(self._build, task, env_dir)
-
-    def _build(self, task: Any, env_dir: Path) -> None:
-        env = task.environment
-        if env.docker_image and not env.dockerfile.is_file():
-            raise SandboxError(
-                f"task {task.id} names a prebuilt image ({env.docker_image}); the local backend "
-                f"cannot run images: use --backend docker"
-            )
-        try:
-            steps = df.parse(env.dockerfile)
-        except df.UnsupportedDockerfile as exc:
-            raise SandboxError(f"task {task.id} cannot run on the local backend: {exc}") from exc
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=self.cache_dir))
-        try:
-            root = tmp / "fs"
-            make_root(root)
-            workdir, envs = "/", {}
-            for step in steps:
-                if step.op == "WORKDIR":
-                    workdir = posixpath.normpath(posixpath.join(workdir, step.args[0]))
-                    self._host(root, workdir).mkdir(parents=True, exist_ok=True)
-                elif step.op == "ENV":
-                    for kv in step.args:
-                        key, value = kv.split("=", 1)
-                        envs[key] = value
-                elif step.op == "COPY":
-                    self._copy(env.path, root, workdir, step)
-                elif step.op == "RUN":
-                    self._run(task, root, workdir, envs, step)
-            meta = {"workdir": env.workdir or workdir, "env": {**envs, **env.env}}
-            self._host(root, meta["workdir"]).mkdir(parents=True, exist_ok=True)
-            (tmp / "meta.json").write_text(json.dumps(meta))
-            try:
-                tmp.rename(env_dir)
-            except OSError:
-                if not (env_dir / "meta.json").is_file():  # not a concurrent builder's win
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    @staticmethod
-    def _host(root: Path, inner: str) -> Path:
-        return root / inner.lstrip("/")
-
-    def _copy(self, context: Path, root: Path, workdir: str, step: df.Step) -> None:
-        *srcs, dest = step.args
-        dest_inner = posixpath.join(workdir, dest)
-        target = self._host(root, dest_inner)
-        many = len(srcs) > 1 or dest.endswith("/")
-        for src in srcs:
-            matches = sorted(context.glob(src)) if any(c in src for c in "*?[") else [context / src]
-            for path in matches:
-                if not path.exists():
-                    raise SandboxError(f"Dockerfile line {step.line}: COPY source {src} not found")
-                if path.is_dir():
-                    shutil.copytree(path, target, symlinks=True, dirs_exist_ok=True)
-                else:
-                    out = target / path.name if many or target.is_dir() else target
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(path, out)
-
-    def _run(self, task: Any, root: Path, workdir: str, envs: dict, step: df.Step) -> None:
-        if self.bwrap is None:
-            raise SandboxError(
-                f"task {task.id}: Dockerfile line {step.line} RUNs a command, which the local "
-                f"backend does only under bubblewrap; install bubblewrap or use docker"
-            )
-        argv = bwrap_argv(
-            self.bwrap, root, list(step.args), cwd=workdir, env=envs, network=False, link_dir=None
-        )
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=task.environment.build_timeout_s
-        )
-        if proc.returncode != 0:
-            raise SandboxError(
-                f"task {task.id}: Dockerfile line {step.line} (RUN {' '.join(step.args[2:])}) "
-                f"failed on the local backend with exit {proc.returncode}: "
-                f"{(proc.stderr or proc.stdout).strip()[-1500:]}. The host may lack a tool the "
-                f"image would have: run this task with --backend docker"
-            )
+            return await asyncio.to_thread(self._builder().build, task, plan)
 
     # -- sandboxes -----------------------------------------------------------------------
 
@@ -178,9 +133,20 @@ class LocalBackend:
                 "machine's own and the verifier would wipe them. Install bubblewrap, use "
                 "--backend docker, or set unsafe_host_paths = true for trusted tasks."
             )
-        await self.prepare(task)
-        env_dir = self._env_dir(task)
-        meta = json.loads((env_dir / "meta.json").read_text())
+        prepared = await self.prepared(task)
+        relay_python: str | list[str] = self.config.python
+        if not prepared.host_usr and not self.isolated:
+            raise SandboxError(
+                f"task {task.id}: an image root (rootfs = {self.config.rootfs!r}) runs only "
+                f"under bubblewrap; install bubblewrap or set [backend] rootfs = 'host'"
+            )
+        if not prepared.host_usr:
+            relay_python = prepared.python or host_python_argv(self.config.python) or ""
+            if self.isolated and not relay_python:
+                raise SandboxError(
+                    f"task {task.id}: its image has no python3 for the proxy relay, and the "
+                    f"host's ([backend] python = {self.config.python}) is not under /usr"
+                )
         self.workspace_dir.mkdir(parents=True, exist_ok=True)
         ws = Path(tempfile.mkdtemp(prefix=f"{trial_id[:40]}-", dir=self.workspace_dir))
         (ws / OWNER_FILE).write_text(
@@ -188,7 +154,7 @@ class LocalBackend:
         )
         link = cgroup = limits = None
         # the copy is this sandbox's start cost, paid on a host thread: charged to it
-        copy = asyncio.ensure_future(asyncio.to_thread(_timed_copy, env_dir / "fs", ws / "fs"))
+        copy = asyncio.ensure_future(asyncio.to_thread(_timed_copy, prepared, ws))
         try:
             copy_cpu_s = await asyncio.shield(copy)
             if self.isolated:
@@ -206,15 +172,16 @@ class LocalBackend:
                 cgroup.remove()
             if limits is not None:
                 limits.remove()
-            shutil.rmtree(ws, ignore_errors=True)
+            remove_tree(ws)
             raise
         return LocalSandbox(
             bwrap=self.bwrap,
-            python=self.config.python,
+            python=relay_python,
             proxy_port=self.config.proxy_port,
             workspace=ws,
-            workdir=meta["workdir"],
-            env=meta["env"],
+            workdir=prepared.workdir,
+            env=prepared.env,
+            host_usr=prepared.host_usr,
             link=link,
             mounts=dict(mounts or {}),
             cgroup=cgroup,
@@ -251,7 +218,7 @@ class LocalBackend:
             if pid_alive(pid):
                 continue
             kill_workspace_processes(ws / "fs")
-            shutil.rmtree(ws, ignore_errors=True)
+            remove_tree(ws)
             removed += 1
         return removed
 
@@ -259,11 +226,23 @@ class LocalBackend:
         pass
 
 
-def _timed_copy(src: Path, dest: Path) -> float:
-    """Copy a prepared root; returns the CPU seconds this thread spent on it."""
+def _timed_copy(prepared: Prepared, ws: Path) -> float:
+    """Give a workspace its own root: an overlay over the prepared layers, or a copy;
+    returns the CPU seconds this thread spent on it."""
     start = time.thread_time()
-    shutil.copytree(src, dest, symlinks=True)
+    if prepared.lowers:
+        mount_overlay(list(prepared.lowers), ws / "upper", ws / "work", ws / "fs")
+    elif prepared.host_usr:
+        shutil.copytree(prepared.folder / "fs", ws / "fs", symlinks=True)
+    else:
+        copy_tree(prepared.folder / "fs", ws / "fs")
     return time.thread_time() - start
+
+
+def _oci_layout(configured: str | None) -> Path | None:
+    if configured:
+        return Path(configured).expanduser()
+    return default_oci_layout()
 
 
 def _owner_alive(group: str) -> bool:

@@ -1,9 +1,11 @@
 """How one command runs in a local sandbox: the bubblewrap command line, or none.
 
-The sandbox's root is the trial's workspace folder (writable, private). The host's ``/usr``
-(and the merged-usr links ``/bin``, ``/lib`` ... to it) is bound read-only, so the sandbox
-runs the host's tools but cannot change them. ``/etc`` is a private copy of the few host
-files programs need (no shadow, no keys). ``/proc``, ``/dev`` are fresh (``/proc/sys`` and
+The sandbox's root is the trial's workspace folder (writable, private). In a host-userland
+root (``rootfs = "host"``) the host's ``/usr`` (and the merged-usr links ``/bin``, ``/lib``
+... to it) is bound read-only, so the sandbox runs the host's tools but cannot change them,
+and ``/etc`` is a private copy of the few host files programs need (no shadow, no keys). An
+image root (``rootfs = "image"``) is the task image's own filesystem, ``/usr`` and ``/etc``
+included, and binds nothing of the host's. ``/proc``, ``/dev`` are fresh (``/proc/sys`` and
 ``/proc/sysrq-trigger`` read-only), and there is no ``/sys``. Each command gets
 its own pid, ipc and uts namespaces (it cannot see or signal host processes; when it ends,
 everything it started ends) and, unless the phase allows the network, its own network
@@ -53,10 +55,28 @@ BASE_ENV = {
     "TERM": "dumb",
 }
 LINK_MOUNT = "/run/slr"
+#: Where an image root without python3 sees the host's ``/usr`` (read-only) for the relay.
+HOST_USR_MOUNT = "/.slr-host/usr"
 
 
 def bwrap_path() -> str | None:
     return shutil.which("bwrap")
+
+
+def host_python_argv(python: str) -> list[str] | None:
+    """How to run the host's ``python`` (under ``/usr``) inside a root that is not the
+    host's, from ``HOST_USR_MOUNT``: through the host's own dynamic loader and libraries,
+    isolated from the environment (``-I``). None when it does not live under ``/usr``."""
+    real = Path(os.path.realpath(python))
+    loader = Path(os.path.realpath("/lib64/ld-linux-x86-64.so.2"))
+    usr = Path("/usr")
+    if usr not in real.parents or usr not in loader.parents:
+        return None
+
+    def inner(path: Path) -> str:
+        return f"{HOST_USR_MOUNT}/{path.relative_to(usr).as_posix()}"
+
+    return [inner(loader), "--library-path", inner(loader.parent), inner(real), "-I"]
 
 
 def make_root(root: Path) -> None:
@@ -99,14 +119,18 @@ def bwrap_argv(
     network: bool,
     link_dir: Path | None,
     mounts: Mapping[Path, str] | None = None,
+    host_usr: bool = True,
 ) -> list[str]:
+    """bubblewrap's command line for ``argv`` in ``root``. ``host_usr``: bind the host's
+    ``/usr`` read-only (a host-userland root); an image root has its own."""
     a = [bwrap, "--bind", str(root), "/"]
-    for name in HOST_RO:
-        a += ["--ro-bind", f"/{name}", f"/{name}"]
-    for name in MERGED_USR_LINKS:
-        host = Path("/") / name
-        if host.is_dir() and not host.is_symlink():
-            a += ["--ro-bind", str(host), str(host)]
+    if host_usr:
+        for name in HOST_RO:
+            a += ["--ro-bind", f"/{name}", f"/{name}"]
+        for name in MERGED_USR_LINKS:
+            host = Path("/") / name
+            if host.is_dir() and not host.is_symlink():
+                a += ["--ro-bind", str(host), str(host)]
     a += ["--dev", "/dev", "--proc", "/proc"]
     # bubblewrap run by root leaves the new /proc's sysctls writable, and root needs no
     # capability to write most of them: kernel.core_pattern would run a program of the

@@ -30,8 +30,9 @@ import structlog
 from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr.sandboxing.cpu import SandboxCgroup
-from slr_backend_local.isolation import BASE_ENV, LINK_MOUNT, bwrap_argv
+from slr_backend_local.isolation import BASE_ENV, HOST_USR_MOUNT, LINK_MOUNT, bwrap_argv
 from slr_backend_local.limits import SandboxLimits
+from slr_backend_local.rootfs import remove_tree
 
 log = structlog.get_logger()
 
@@ -93,7 +94,7 @@ class LocalSandbox:
         self,
         *,
         bwrap: str | None,
-        python: str,
+        python: str | Sequence[str],
         proxy_port: int,
         workspace: Path,
         workdir: str,
@@ -103,9 +104,13 @@ class LocalSandbox:
         cgroup: SandboxCgroup | None = None,
         limits: SandboxLimits | None = None,
         start_cpu_s: float = 0.0,
+        host_usr: bool = True,
     ) -> None:
         self.bwrap = bwrap
-        self.python = python
+        self.host_usr = host_usr
+        # the relay's interpreter: a path in the sandbox, or a command line (the host's
+        # python through its loader, from HOST_USR_MOUNT, for an image without python3)
+        self.python = [python] if isinstance(python, str) else list(python)
         self.proxy_port = proxy_port
         self.workspace = workspace
         self.root = workspace / "fs"
@@ -168,7 +173,7 @@ class LocalSandbox:
             relay = self.link is not None and self.network == "proxy-only"
             if relay:
                 argv = [
-                    self.python,
+                    *self.python,
                     f"{LINK_MOUNT}/relay.py",
                     str(self.proxy_port),
                     f"{LINK_MOUNT}/proxy.sock",
@@ -183,7 +188,8 @@ class LocalSandbox:
                 env=full_env,
                 network=self.network == "full",
                 link_dir=self.link.dir if relay and self.link is not None else None,
-                mounts=self.mounts,
+                mounts=self._mounts(relay),
+                host_usr=self.host_usr,
             )
             if self.limits is not None:
                 argv = self.limits.wrap(argv)
@@ -237,6 +243,11 @@ class LocalSandbox:
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
         )
+
+    def _mounts(self, relay: bool) -> Mapping[Path, str]:
+        if relay and self.python[0].startswith(HOST_USR_MOUNT + "/"):
+            return {**self.mounts, Path("/usr"): HOST_USR_MOUNT}
+        return self.mounts
 
     async def end_processes(self) -> None:
         """Kill what is still running. Under bubblewrap each command has its own pid
@@ -310,7 +321,11 @@ class LocalSandbox:
 
     def _writable(self, inner: str) -> Path:
         top = posixpath.normpath("/" + inner).lstrip("/").split("/")[0]
-        if self.bwrap is not None and top in ("usr", "bin", "sbin", "lib", "lib64"):
+        if (
+            self.bwrap is not None
+            and self.host_usr
+            and top in ("usr", "bin", "sbin", "lib", "lib64")
+        ):
             raise SandboxError(f"{inner} is on the host's read-only /usr in a local sandbox")
         return self.host_path(inner)
 
@@ -343,7 +358,7 @@ class LocalSandbox:
         kill_workspace_processes(self.root)
         if self.link is not None:
             self.link.remove()
-        await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+        await asyncio.to_thread(remove_tree, self.workspace)
         if self.limits is not None:
             self.limits.remove()
         if self.cgroup is not None:

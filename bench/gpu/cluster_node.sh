@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# A short asynchronous training run on ONE GPU node: an SGLang or vLLM server as the
+# engine, verl's trainer as the optimizer (slr-optimizer-verl), mini-swe-agent on the
+# bundled example tasks in local sandboxes. For users with a GPU node; what it needs is in
+# bench/gpu/README.md. Run from a checkout with `slr` installed:
+#
+#     ENGINE=sglang MODEL=/models/Qwen3-0.6B bash bench/gpu/cluster_node.sh [slr run args...]
+#
+# ENGINE        sglang (default) or vllm
+# MODEL         a local model folder (required; nothing is downloaded)
+# ENGINE_PYTHON the Python that has SGLang installed (ENGINE=sglang; default: python)
+# OPTIMIZER     verl (default) or torch (the embedded trainer, if verl is not installed)
+# STEPS         optimizer steps (default 3)
+# SLR           the slr command (default: .venv/bin/slr, else slr on PATH)
+#
+# Without a GPU (or without the engine, the optimizer plugin or MODEL) it stops at once,
+# saying what is missing, before anything starts.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+ENGINE="${ENGINE:-sglang}"
+OPTIMIZER="${OPTIMIZER:-verl}"
+STEPS="${STEPS:-3}"
+ENGINE_PYTHON="${ENGINE_PYTHON:-python}"
+SLR="${SLR:-$( [ -x .venv/bin/slr ] && echo .venv/bin/slr || echo slr )}"
+fail() { echo "cluster_node.sh: $*" >&2; exit 2; }
+
+# 1. the machine: GPUs first (the cheapest check that most often fails)
+command -v nvidia-smi >/dev/null 2>&1 || fail "no GPU: nvidia-smi is not on PATH. Run this on a GPU node."
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l || true)
+[ "${gpus:-0}" -ge 1 ] || fail "no GPU: nvidia-smi lists no device. Run this on a GPU node."
+command -v "$SLR" >/dev/null 2>&1 || fail "slr is not installed ($SLR): pip install slr, or bash scripts/setup in this checkout."
+
+# 2. what the run uses
+[ -n "${MODEL:-}" ] || fail "set MODEL to a local model folder, e.g. MODEL=/models/Qwen3-0.6B"
+[ -f "$MODEL/config.json" ] || fail "MODEL=$MODEL is not a model folder (no config.json there)."
+case "$ENGINE" in
+  sglang)
+    "$ENGINE_PYTHON" -c "import sglang" 2>/dev/null \
+      || fail "SGLang does not import in $ENGINE_PYTHON: pip install sglang there, or set ENGINE_PYTHON." ;;
+  vllm)
+    command -v vllm >/dev/null 2>&1 || fail "vllm is not on PATH: pip install vllm (or ENGINE=sglang)." ;;
+  *) fail "ENGINE=$ENGINE: use sglang or vllm" ;;
+esac
+plugins=$("$SLR" plugins 2>/dev/null || true)
+grep -qw "$ENGINE" <<<"$plugins" \
+  || fail "the '$ENGINE' engine plugin is not installed: pip install slr-engine-$ENGINE"
+grep -qw "$OPTIMIZER" <<<"$plugins" \
+  || fail "the '$OPTIMIZER' optimizer plugin is not installed: pip install slr-optimizer-$OPTIMIZER (or OPTIMIZER=torch)"
+
+# 3. the GPUs: the engine on GPU 0; the trainer on GPU 1 when there is one, else beside
+#    the engine (which then takes half the memory)
+if [ "$gpus" -ge 2 ]; then trainer_device="cuda:1"; share=0.85; else trainer_device="cuda:0"; share=0.45; fi
+if [ "$ENGINE" = sglang ]; then
+  engine_section=$(printf 'name = "sglang"\nmodel = "%s"\npython = "%s"\ngpus_per_replica = ["0"]\nextra_args = ["--mem-fraction-static", "%s"]\n' "$MODEL" "$ENGINE_PYTHON" "$share")
+else
+  engine_section=$(printf 'name = "vllm"\nmodel = "%s"\ngpus_per_replica = ["0"]\nweight_transfer = "nccl"\nextra_args = ["--gpu-memory-utilization", "%s"]\n' "$MODEL" "$share")
+fi
+# the torch trainer is placed here; verl places its workers itself (its own options)
+optimizer_extra=""
+if [ "$OPTIMIZER" = torch ]; then
+  optimizer_extra=$(printf 'device = "%s"\ndtype = "bfloat16"\n' "$trainer_device")
+fi
+out="${OUT:-runs/cluster-node-$(date -u +%Y%m%d-%H%M%S)}"
+mkdir -p "$out"
+config="$out/slr.toml"
+cat > "$config" <<TOML
+# written by bench/gpu/cluster_node.sh
+[run]
+name = "cluster-node"
+mode = "async"
+steps = $STEPS
+checkpoint_every = $STEPS
+runs_dir = "$out"
+
+[tasks]
+path = "examples/tasks"
+
+[rollout]
+tasks_per_step = 2
+n_per_task = 4
+concurrency = 8
+temperature = 1.0
+max_tokens = 512
+max_staleness = 1
+
+[algorithm]
+adv_estimator = "grpo"
+policy_loss = "vanilla"
+
+[agent]
+name = "mini-swe-agent"
+
+[backend]
+name = "local"
+
+[engine]
+$engine_section
+[optimizer]
+name = "$OPTIMIZER"
+model = "$MODEL"
+$optimizer_extra
+
+[verifier]
+name = "harbor"
+TOML
+echo "== config: $config (engine $ENGINE on GPU 0, trainer $OPTIMIZER on $trainer_device)"
+"$SLR" bundles build mini-swe-agent
+"$SLR" preflight -c "$config"
+"$SLR" run -c "$config" "$@"

@@ -1,0 +1,438 @@
+"""``SglangEngine``: one SGLang server (launched or attached) behind the Engine contract.
+
+Every generation is a stream of ``/generate`` requests with our own ``rid``: normally
+one; when a ``"partial"`` weight update arrives, each in-flight request is aborted by
+its rid (``/abort_request``) at the token the server had reached, the new weights are
+loaded, and the generation continues as a new request whose prompt is the original
+prompt plus the tokens so far, under the new weights (the server recomputes their KV).
+Each token records the version of the request that sampled it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
+
+from slr.balancer import LoadBalancer
+from slr.contracts import (
+    ContextOverflow,
+    EngineUnavailable,
+    Generation,
+    GenerationChunk,
+    SamplingParams,
+    UpdateMode,
+    collect,
+)
+from slr.contracts.engine import check_update_mode
+from slr.errors import UsageError
+from slr_engine_sglang.config import SglangEngineConfig
+from slr_engine_sglang.protocol import (
+    ProtocolError,
+    check_sampling,
+    context_overflow,
+    error_for,
+    generate_request,
+    read_output,
+)
+from slr_engine_sglang.server import SglangServer, find_python
+from slr_engine_sglang.weights import WeightFolders
+
+log = structlog.get_logger()
+
+
+class SglangEngine:
+    """Implements ``slr.contracts.Engine`` against one SGLang server.
+
+    ``await engine.start()`` launches the server (or checks an attached one) and learns
+    its context length; ``create_engine`` does that for the run. A transport error, a 5xx
+    or a dead process raises ``EngineUnavailable`` (the balancer then fails over); a 4xx
+    raises ``ValueError`` or ``ContextOverflow`` (the request itself was wrong).
+    """
+
+    def __init__(
+        self,
+        config: SglangEngineConfig,
+        *,
+        url: str | None = None,
+        index: int = 0,
+        tokenizer: Any | None = None,
+        client: httpx.AsyncClient | None = None,
+        weights: WeightFolders | None = None,
+    ) -> None:
+        self.config = config
+        self.index = index
+        self.server: SglangServer | None = None
+        self._url = url.rstrip("/") if url else None
+        self._tokenizer = tokenizer
+        self._client = client
+        self._client_loop: Any = asyncio.get_running_loop() if client is not None else None
+        self._max_context = config.max_context
+        self._experts_per_token = config.experts_per_token
+        self._version = 0
+        self._closed = False
+        self._updating: asyncio.Event | None = None
+        self._inflight: dict[str, asyncio.Event] = {}  # rid -> set when its request ended
+        self._preempted: set[str] = set()  # rids aborted by a partial update, to resume
+        self._weights = weights or weight_folders(config)
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            raise EngineUnavailable("this SGLang engine is not started; await engine.start()")
+        return self._url
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """An HTTP client for the running event loop (a client's pool belongs to one loop)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.config.request_timeout_s, connect=10.0)
+            )
+            self._client_loop = loop
+        return self._client
+
+    async def start(self) -> SglangEngine:
+        if self._url is None:
+            self.server = SglangServer(self.config, index=self.index)
+            self._url = self.server.url
+            await self.server.wait_ready(self.client, self.config.startup_timeout_s)
+        if not self._max_context:
+            self._max_context = await self._ask_max_context()
+        if self._tokenizer is None:
+            self._tokenizer = await asyncio.to_thread(_load_tokenizer, self.config)
+        if self.config.return_routed_experts and not self._experts_per_token:
+            self._experts_per_token = _experts_per_token(self.config)
+        return self
+
+    async def _ask_max_context(self) -> int:
+        try:
+            response = await self.client.get(f"{self.url}/v1/models", timeout=30)
+            response.raise_for_status()
+            for model in response.json().get("data", []):
+                if model.get("max_model_len"):
+                    return int(model["max_model_len"])
+        except (httpx.HTTPError, ValueError) as exc:
+            raise EngineUnavailable(f"could not read {self.url}/v1/models: {exc}") from exc
+        raise UsageError(f"{self.url}/v1/models reports no max_model_len; set [engine] max_context")
+
+    # -- the Engine protocol --------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def weights_version(self) -> int:
+        return self._version
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
+        return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
+
+    async def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> AsyncIterator[GenerationChunk]:
+        """The server's streamed tokens, chunk by chunk; across a partial weight update the
+        generation continues as a new request (see the module docstring)."""
+        if self._closed:
+            raise EngineUnavailable(f"SGLang engine {self.index} is closed")
+        prompt = [int(t) for t in prompt_ids]
+        if self._max_context and len(prompt) >= self._max_context:
+            raise ContextOverflow(len(prompt), self._max_context)
+        check_sampling(sampling, allow_truncated_logprobs=self.config.allow_truncated_logprobs)
+        generated: list[int] = []
+        routing: list[Any] = []
+        while True:
+            while self._updating is not None:  # no request starts during a weight swap
+                await self._updating.wait()
+            context = prompt + generated
+            room = sampling.max_tokens - len(generated)
+            if self._max_context:
+                room = min(room, self._max_context - len(context) - 1)
+            if room <= 0:  # the context is full (SGLang refuses max_new_tokens = 0 rooms)
+                yield GenerationChunk(finish_reason="length", prompt_tokens=len(prompt))
+                return
+            rid = f"slr-{uuid.uuid4().hex}"
+            body = generate_request(
+                context,
+                sampling,
+                rid=rid,
+                max_new_tokens=room,
+                stream=True,
+                return_routed_experts=self.config.return_routed_experts,
+            )
+            version = self._version
+            ended = self._inflight[rid] = asyncio.Event()
+            finish = None
+            try:
+                async for piece in self._request(body, rid, prompt_tokens=len(context)):
+                    generated += piece.token_ids
+                    routed = None
+                    if piece.routed_experts is not None:
+                        # earlier positions keep the routing of the pass that first ran them
+                        routed = piece.routed_experts[len(routing) :]
+                        routing += routed
+                    finish = piece.finish_reason
+                    resume = finish == "abort" and rid in self._preempted
+                    if resume and not piece.token_ids and not routed:
+                        break
+                    yield GenerationChunk(
+                        token_ids=piece.token_ids,
+                        logprobs=piece.logprobs,
+                        weights_versions=piece.versions or (version,) * len(piece.token_ids),
+                        routed_experts=routed,
+                        finish_reason=None if resume else finish,
+                        prompt_tokens=len(prompt),
+                    )
+                    if finish is not None:
+                        break
+            finally:
+                ended.set()
+                self._inflight.pop(rid, None)
+                preempted = rid in self._preempted
+                self._preempted.discard(rid)
+                if finish is None:  # the consumer left, or the request failed: free it
+                    await self._abort(rid)
+            if not (finish == "abort" and preempted):
+                return
+
+    async def _request(
+        self, body: dict[str, Any], rid: str, *, prompt_tokens: int
+    ) -> AsyncIterator[Any]:
+        """One streamed ``/generate`` request's pieces, errors mapped to the contract's."""
+        seen = 0
+        try:
+            async with self.client.stream("POST", f"{self.url}/generate", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise self._error(response.status_code, _json(response), prompt_tokens)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    data = json.loads(payload)
+                    if isinstance(data, dict) and "error" in data and "meta_info" not in data:
+                        raise self._error(400, data, prompt_tokens)
+                    piece = read_output(
+                        data,
+                        seen=seen,
+                        prompt_tokens=prompt_tokens,
+                        experts_per_token=self._experts_per_token,
+                    )
+                    seen = piece.completion_tokens
+                    if piece.finish_reason == "abort" and rid not in self._preempted:
+                        # SGLang aborts a request it cannot serve (a prompt too long for
+                        # its scheduler) with the reason in the finish message
+                        overflow = context_overflow(
+                            piece.message,
+                            prompt_tokens=prompt_tokens,
+                            max_context=self._max_context,
+                        )
+                        if overflow is not None:
+                            raise overflow
+                    if piece.token_ids or piece.finish_reason is not None:
+                        yield piece
+                    if piece.finish_reason is not None:
+                        return
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(
+                f"SGLang server {self.url} did not answer: {type(exc).__name__}: {exc}"
+            ) from exc
+        except (ProtocolError, json.JSONDecodeError) as exc:
+            raise EngineUnavailable(f"SGLang server {self.url}: {exc}") from exc
+        raise EngineUnavailable(
+            f"SGLang server {self.url} ended the stream without a finish_reason"
+        )
+
+    def _error(self, status: int, data: Any, prompt_tokens: int) -> Exception:
+        if status >= 500:
+            return EngineUnavailable(f"SGLang server {self.url} failed (HTTP {status}): {data}")
+        return error_for(status, data, prompt_tokens=prompt_tokens, max_context=self._max_context)
+
+    async def _abort(self, rid: str) -> None:
+        """Ask the server to drop request ``rid`` (best effort: it may have ended)."""
+        try:
+            await self.client.post(f"{self.url}/abort_request", json={"rid": rid}, timeout=10)
+        except httpx.HTTPError as exc:
+            log.warning("sglang abort_request failed", url=self._url, rid=rid, error=str(exc))
+
+    async def abort(self, rid: str) -> None:
+        """Abort one request by its rid (what partial updates do to every in-flight one)."""
+        await self._abort(rid)
+
+    async def flush_cache(self) -> bool:
+        """Empty the server's radix (prefix) cache; false when the server refused (it does
+        while requests run)."""
+        response = await self.client.post(f"{self.url}/flush_cache", timeout=60)
+        return response.status_code == 200
+
+    async def update_weights(
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        mode: UpdateMode = "drain",
+    ) -> int:
+        """Load new weights: write them as a model folder, ``/update_weights_from_disk``.
+
+        ``"drain"``: new requests wait, running ones finish, then the swap. ``"partial"``:
+        running requests are aborted at a token boundary and continue afterwards under
+        the new weights (``stream``)."""
+        check_update_mode(mode)
+        if self.config.weight_update == "none":
+            raise UsageError(
+                "this SGLang engine is configured with weight_update = 'none'; set it to "
+                "'disk' to push weights from the trainer"
+            )
+        new_version = version if version is not None else self._version + 1
+        self._updating = asyncio.Event()
+        try:
+            running = dict(self._inflight)
+            if mode == "partial":
+                self._preempted.update(running)
+                await asyncio.gather(*(self._abort(rid) for rid in running))
+            await asyncio.gather(*(event.wait() for event in running.values()))
+            folder = await asyncio.to_thread(self._weights.write, state_dict, new_version)
+            await self._load(folder, new_version)
+            self._version = new_version
+            await asyncio.to_thread(self._weights.prune, new_version)
+            return new_version
+        finally:
+            event, self._updating = self._updating, None
+            event.set()
+
+    async def _load(self, folder: Path, version: int) -> None:
+        url = f"{self.url}/update_weights_from_disk"
+        body = {"model_path": str(folder), "weight_version": str(version)}
+        try:
+            response = await self.client.post(url, json=body, timeout=None)
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"{url} did not answer: {exc}") from exc
+        data = _json(response)
+        if response.status_code >= 400 or not (isinstance(data, dict) and data.get("success")):
+            raise EngineUnavailable(
+                f"{url} refused the weights in {folder} (HTTP {response.status_code}): {data}. "
+                f"The folder must be readable by the server at that path ([engine] weights_dir "
+                f"on a shared filesystem when the server runs elsewhere)"
+            )
+
+    async def health(self) -> bool:
+        if self._closed or (self.server is not None and not self.server.running):
+            return False
+        try:
+            response = await self.client.get(f"{self.url}/health", timeout=10)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+        if self._client is not None and self._client_loop is asyncio.get_running_loop():
+            await self._client.aclose()
+        self._client = None
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return response.text[:500]
+
+
+def _load_tokenizer(config: SglangEngineConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    source = config.tokenizer or config.model
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot load the tokenizer from {source!r} on this machine: {exc}. Set [engine] "
+            f"tokenizer to a local folder with the model's tokenizer files"
+        ) from exc
+
+
+def _experts_per_token(config: SglangEngineConfig) -> int:
+    """``num_experts_per_tok`` from the local model folder's config.json."""
+    source = Path(config.tokenizer or config.model) / "config.json"
+    try:
+        data = json.loads(source.read_text())
+    except (OSError, ValueError):
+        data = {}
+    for section in (data, data.get("text_config") or {}):
+        k = section.get("num_experts_per_tok") or section.get("moe_topk")
+        if k:
+            return int(k)
+    raise UsageError(
+        f"return_routed_experts is set but {source} names no num_experts_per_tok; set "
+        f"[engine] experts_per_token to the model's number of experts per token"
+    )
+
+
+def weight_folders(config: SglangEngineConfig) -> WeightFolders:
+    return WeightFolders(
+        config.weights_dir,
+        source=config.tokenizer or config.model,
+        keep=config.keep_weight_versions,
+    )
+
+
+async def start_engines(config: SglangEngineConfig) -> list[SglangEngine]:
+    """Start (or attach to) every configured server, concurrently; the replicas share one
+    tokenizer and one weights folder (each update is written once)."""
+    if not config.urls:
+        find_python(config)  # a launch that cannot start fails before the tokenizer loads
+    tokenizer = await asyncio.to_thread(_load_tokenizer, config)
+    weights = weight_folders(config)
+    urls = list(config.urls) or [None] * config.replicas
+    engines = [
+        SglangEngine(config, url=u, index=i, tokenizer=tokenizer, weights=weights)
+        for i, u in enumerate(urls)
+    ]
+    results = await asyncio.gather(*(e.start() for e in engines), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
+        raise errors[0]
+    return engines
+
+
+def create_engine(config: SglangEngineConfig | None = None) -> SglangEngine | LoadBalancer:
+    """The registered factory: one server's engine, or a balancer over several."""
+    config = config or SglangEngineConfig()
+    engines = _run_sync(start_engines(config))
+    if len(engines) == 1:
+        return engines[0]
+    return LoadBalancer(engines, names=[e.url for e in engines])
+
+
+def _run_sync(coro: Any) -> Any:
+    """Run ``coro`` to completion from synchronous code, even inside a running loop (then
+    on a helper thread with its own loop; the engines make a fresh HTTP client per loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()

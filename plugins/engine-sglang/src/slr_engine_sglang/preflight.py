@@ -1,0 +1,119 @@
+"""The SGLang engine's preflight: its servers answer, or the launch has what it needs (a
+Python with SGLang, one GPU set per replica, GPUs with memory free); and where weight
+updates are written when the servers are elsewhere."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from urllib.parse import urlparse
+
+import httpx
+
+from slr.preflight import CheckResult, Context, fatal, ok, warn
+from slr.preflight.gpus import gpu_headroom
+
+DOC = "docs/troubleshooting/startup.md#engine-unreachable"
+HEALTH_TIMEOUT_S = 10.0
+_LOCAL = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
+
+
+def _applies(ctx: Context) -> bool:
+    return ctx.uses("engine", "sglang") and ctx.needs_engine()
+
+
+def check_config(ctx: Context) -> list[CheckResult] | None:
+    if not _applies(ctx):
+        return None
+    o = ctx.options("engine")
+    found = []
+    if not o.urls and o.gpus_per_replica and len(o.gpus_per_replica) != o.replicas:
+        found.append(
+            fatal(
+                f"engine.replicas = {o.replicas} but engine.gpus_per_replica lists "
+                f"{len(o.gpus_per_replica)} GPU set(s) ({o.gpus_per_replica})",
+                fix="give one CUDA_VISIBLE_DEVICES value per replica, or set replicas to match",
+            )
+        )
+    remote = [u for u in o.urls if urlparse(u).hostname not in _LOCAL]
+    if remote and o.weight_update == "disk" and not o.weights_dir and ctx.purpose == "run":
+        found.append(
+            warn(
+                f"engine.weights_dir is empty but servers run elsewhere ({', '.join(remote)}): "
+                f"weight updates are written to a temp folder on this machine, which they "
+                f"cannot read",
+                fix="set engine.weights_dir to a folder on a filesystem the servers share, "
+                "at the same path",
+            )
+        )
+    return found or [ok(f"{len(o.urls) or o.replicas} SGLang server(s) configured")]
+
+
+def _has_sglang(python: str) -> bool:
+    try:
+        done = subprocess.run(
+            [python, "-c", "import sglang"], capture_output=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def check_servers(ctx: Context) -> list[CheckResult] | None:
+    """Attached servers answer ``/v1/models``; a launch finds SGLang and its GPUs."""
+    if not _applies(ctx):
+        return None
+    o = ctx.options("engine")
+    if not o.urls:
+        results: list[CheckResult] = []
+        python = shutil.which(o.python)
+        if python is None or not _has_sglang(python):
+            results.append(
+                fatal(
+                    f"engine.python = {o.python!r} "
+                    + ("is not on PATH" if python is None else "cannot import sglang")
+                    + ", so no SGLang server can be launched",
+                    fix="pip install sglang for that interpreter, set engine.python to one that "
+                    "has it, or attach to running servers with engine.urls",
+                    doc=DOC,
+                )
+            )
+        else:
+            results.append(ok(f"SGLang importable by {python}"))
+        per = [len(g.split(",")) for g in o.gpus_per_replica] or [1] * o.replicas
+        results.append(
+            gpu_headroom(
+                f"{o.replicas} SGLang server(s) to launch",
+                sum(per),
+                fix="launch the servers on a GPU machine and attach with engine.urls, or use "
+                "--engine hf on a CPU",
+            )
+        )
+        return results
+    results = []
+    for url in o.urls:
+        try:
+            response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=HEALTH_TIMEOUT_S)
+            response.raise_for_status()
+            cards = response.json().get("data", [])
+        except (httpx.HTTPError, ValueError) as exc:
+            results.append(
+                fatal(
+                    f"the SGLang server at {url} does not answer /v1/models ({exc})",
+                    fix="start it (`python -m sglang.launch_server --model-path MODEL`), or fix "
+                    "engine.urls",
+                    doc=DOC,
+                )
+            )
+            continue
+        if not any(card.get("max_model_len") for card in cards) and not o.max_context:
+            results.append(
+                fatal(
+                    f"the SGLang server at {url} reports no max_model_len",
+                    fix="set engine.max_context to the server's --context-length",
+                    doc=DOC,
+                )
+            )
+            continue
+        results.append(ok(f"the SGLang server at {url} answers"))
+    return results

@@ -1,0 +1,217 @@
+"""SGLang's request and response schema, as a table read from SGLang's own source.
+
+Written by hand from the public repository sgl-project/sglang (main branch as stored in
+late 2026; no release number is recorded in these files), never copied code:
+
+- ``python/sglang/srt/managers/io_struct.py`` (commit 001067fffe33427bee0ed2f007fb7551a1d76b44):
+  the fields of ``GenerateReqInput`` (the ``/generate`` body), ``AbortReq`` and
+  ``UpdateWeightFromDiskReqInput``;
+- ``python/sglang/srt/sampling/sampling_params.py`` (commit
+  00c17cafcb9e289d5ca97c50e44ada54e4fd5b03): the caller-facing ``SamplingParams`` fields
+  (the "API parameters" block; not the internal ones set by ``normalize``);
+- ``python/sglang/srt/managers/tokenizer_manager.py`` (commit
+  001067fffe33427bee0ed2f007fb7551a1d76b44), ``_handle_batch_output`` and
+  ``add_logprob_to_meta_info``: the keys of a ``/generate`` answer and its ``meta_info``;
+- ``python/sglang/srt/utils/weight_versions.py``: ``weight_versions`` spans
+  ``{"version", "start", "end"}``;
+- ``python/sglang/srt/managers/schedule_batch.py``: ``finish_reason`` is ``None`` or
+  ``{"type": "stop", "matched"}``, ``{"type": "length", "length"}``, ``{"type": "abort",
+  "message", "status_code", "err_type"}``;
+- ``python/sglang/srt/entrypoints/http_server.py`` (commit
+  0025436eab0556737d615b36a4dd3e1e26e82f3d): the routes and the answers of
+  ``/update_weights_from_disk`` (``success``, ``message``, ``num_paused_requests``) and
+  ``/v1/models`` (cards with ``max_model_len``).
+
+When SGLang changes these, update the table from its source, then the engine.
+"""
+
+GENERATE_REQUEST_FIELDS = frozenset(
+    {
+        "rid",
+        "session_id",
+        "text",
+        "input_ids",
+        "input_embeds",
+        "image_data",
+        "video_data",
+        "audio_data",
+        "mm_hashes",
+        "mm_content_hashes",
+        "use_audio_in_video",
+        "video_config",
+        "sampling_params",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "token_ids_logprob",
+        "return_sampling_mask",
+        "return_text_in_logprobs",
+        "return_flat_raw_top_logprobs",
+        "return_flat_raw_top_logprobs_b64",
+        "stream",
+        "log_metrics",
+        "return_hidden_states",
+        "return_routed_experts",
+        "routed_experts_start_len",
+        "return_indexer_topk",
+        "modalities",
+        "session_params",
+        "lora_path",
+        "lora_id",
+        "custom_logit_processor",
+        "positional_embed_overrides",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
+        "bootstrap_pair_key",
+        "decode_tp_size",
+        "routed_dp_rank",
+        "data_parallel_rank",
+        "disagg_prefill_dp_rank",
+        "kv_router_hint",
+        "routing_key",
+        "conversation_id",
+        "http_worker_ipc",
+        "background",
+        "require_reasoning",
+        "max_thinking_tokens",
+        "priority",
+        "extra_key",
+        "no_logs",
+        "custom_labels",
+        "return_bytes",
+        "return_entropy",
+        "return_prompt_token_ids",
+        "external_trace_header",
+        "received_time",
+        "need_wait_for_mm_inputs",
+        "num_items_assigned",
+        "encoder_urls",
+        "max_dynamic_patch",
+        "min_dynamic_patch",
+        "image_max_dynamic_patch",
+        "video_max_dynamic_patch",
+        "images_config",
+        "multi_item_delimiter_indices",
+        "cache_salt",
+    }
+)
+
+SAMPLING_PARAMS_FIELDS = frozenset(
+    {
+        "max_new_tokens",
+        "stop",
+        "stop_token_ids",
+        "stop_regex",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "n",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "custom_params",
+        "stream_interval",
+        "logit_bias",
+        "sampling_seed",
+    }
+)
+
+# A /generate answer (generation models): text is absent when the server skips the
+# tokenizer; prompt_token_ids only with return_prompt_token_ids.
+GENERATE_RESPONSE_KEYS = frozenset({"text", "output_ids", "meta_info", "prompt_token_ids"})
+
+META_INFO_KEYS = frozenset(
+    {
+        # always
+        "id",
+        "finish_reason",
+        "prompt_tokens",
+        "weight_version",
+        "num_retractions",
+        "reasoning_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        # newer servers: spans of output tokens per weight version
+        "weight_versions",
+        "cached_tokens_details",
+        "image_tokens",
+        "audio_tokens",
+        "video_tokens",
+        # with return_logprob
+        "input_token_logprobs",
+        "output_token_logprobs",
+        "output_token_logprobs_length",
+        "input_top_logprobs",
+        "output_top_logprobs",
+        "input_token_ids_logprobs",
+        "output_token_ids_logprobs",
+        # with return_sampling_mask
+        "output_token_sampling_mask",
+        "output_token_sampling_logprobs",
+        "output_token_sampling_mask_length",
+        # optional captures
+        "hidden_states",
+        "routed_experts",
+        "indexer_topk",
+        "dp_rank",
+        # when finished
+        "e2e_latency",
+    }
+)
+
+FINISH_REASON_KEYS = {
+    "stop": frozenset({"type", "matched"}),
+    "length": frozenset({"type", "length"}),
+    "abort": frozenset({"type", "message", "status_code", "err_type"}),
+}
+
+WEIGHT_VERSION_SPAN_KEYS = frozenset({"version", "start", "end"})
+
+ABORT_REQUEST_FIELDS = frozenset(
+    {"rid", "http_worker_ipc", "abort_all", "finished_reason", "abort_message"}
+)
+
+UPDATE_WEIGHTS_FROM_DISK_FIELDS = frozenset(
+    {
+        "rid",
+        "http_worker_ipc",
+        "model_path",
+        "load_format",
+        "abort_all_requests",
+        "weight_version",
+        "is_async",
+        "torch_empty_cache",
+        "keep_pause",
+        "recapture_cuda_graph",
+        "token_step",
+        "flush_cache",
+        "manifest",
+    }
+)
+UPDATE_WEIGHTS_FROM_DISK_RESPONSE_KEYS = frozenset({"success", "message", "num_paused_requests"})
+
+# The routes slr-engine-sglang calls, with their methods in http_server.py.
+ROUTES = {
+    ("POST", "/generate"),
+    ("POST", "/abort_request"),
+    ("POST", "/update_weights_from_disk"),
+    ("POST", "/flush_cache"),
+    ("GET", "/health"),
+    ("GET", "/get_model_info"),
+    ("GET", "/v1/models"),
+}
+# http_server.py builds each card with id, root and max_model_len; object, created and
+# owned_by are the OpenAI card's defaults (ModelCard in the OpenAI protocol module, not
+# read for this table). The engine reads max_model_len only.
+MODEL_CARD_KEYS = frozenset({"id", "object", "created", "owned_by", "root", "max_model_len"})
