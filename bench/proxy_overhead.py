@@ -204,7 +204,7 @@ def main() -> None:
             floor = [x for _, f in results for x in f]
             added, e2e, eng = [], [], []
             for s, lat in zip(sessions, latencies, strict=True):
-                times = timed.times[s.token]
+                times = timed.times[s.engine_id]
                 added += [a - b for a, b in zip(lat, times, strict=True)]
                 e2e += lat
                 eng += times
