@@ -98,6 +98,12 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="paired runs per setting")
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument(
+        "--compare-cache",
+        action="store_true",
+        help="also run every engine round on transformers' own DynamicCache (which copies the "
+        "whole batch's cache to append each step's token: before), interleaved",
+    )
     args = parser.parse_args()
 
     engine = HfEngine(
@@ -110,24 +116,37 @@ def main() -> None:
 
     # Load from other processes drifts; pair each engine round with a baseline run next to
     # it and report medians over --repeats pairs.
+    import slr_engine_hf.batch as batch_module
+
+    in_place = batch_module.make_decode_cache
+    caches = {"in place": in_place}
+    if args.compare_cache:
+        caches["copying (before)"] = batch_module.make_cache
     rows, bases = [], []
     for c in [int(x) for x in args.concurrency.split(",")]:
-        rates, pair_bases, tokens = [], [], 0
+        rates: dict[str, list[float]] = {name: [] for name in caches}
+        pair_bases, tokens = [], 0
         for _ in range(args.repeats):
             pair_bases.append(baseline(engine, first, args.max_tokens))
-            rate, tokens = asyncio.run(engine_round(engine, c, args.max_tokens))
-            rates.append(rate)
-        base_c, rate_c = statistics.median(pair_bases), statistics.median(rates)
+            for name, make in caches.items():
+                batch_module.make_decode_cache = make  # type: ignore[assignment]
+                rate, tokens = asyncio.run(engine_round(engine, c, args.max_tokens))
+                rates[name].append(rate)
+            batch_module.make_decode_cache = in_place
+        base_c = statistics.median(pair_bases)
         bases.extend(pair_bases)
-        rows.append(
-            {
-                "concurrency": c,
-                "tokens": tokens,
-                "tokens_per_s": rate_c,
-                "generate_tokens_per_s": base_c,
-                "ratio_to_generate": rate_c / base_c,
-            }
-        )
+        for name in caches:
+            rate_c = statistics.median(rates[name])
+            rows.append(
+                {
+                    "concurrency": c,
+                    "kv_cache": name,
+                    "tokens": tokens,
+                    "tokens_per_s": rate_c,
+                    "generate_tokens_per_s": base_c,
+                    "ratio_to_generate": rate_c / base_c,
+                }
+            )
     base = statistics.median(bases)
     asyncio.run(engine.close())
 
@@ -135,10 +154,10 @@ def main() -> None:
         f"median of {args.repeats} paired runs, {args.max_tokens} tokens per session, "
         f"max_batch {args.max_batch}, torch threads: {torch.get_num_threads()}"
     )
-    print("sessions  tokens/s  model.generate tokens/s (1 stream)  ratio")
+    print("sessions  kv cache          tokens/s  model.generate tokens/s (1 stream)  ratio")
     for r in rows:
         print(
-            f"{r['concurrency']:>8}  {r['tokens_per_s']:>8.1f}  "
+            f"{r['concurrency']:>8}  {r['kv_cache']:<16}  {r['tokens_per_s']:>8.1f}  "
             f"{r['generate_tokens_per_s']:>33.1f}  {r['ratio_to_generate']:>5.2f}"
         )
     if args.json_path:

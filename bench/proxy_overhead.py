@@ -14,6 +14,9 @@ process. It reports, for each of ``--runs`` runs, then the median and spread ove
   the latency of calling the engine directly, and the HTTP floor (the same client's
   ``GET /v1/models`` round trip: SDK + HTTP, no model work). Clients run in a separate process (the openai
   SDK's async client) so their CPU does not count as the proxy's.
+* with ``--engine ray``, each setting twice, interleaved: the replica's stream chunked (one
+  Ray object carries every token sampled since the proxy took the previous one: today) and
+  one Ray object per token (before); ``--stream chunked`` or ``per-token`` runs one only.
 * the proxy's own CPU per call (its thread's CPU time: HTTP, parsing, rendering,
   tokenization, capture; the engine computes in its own thread) at turn 1 and turn N of one
   long conversation, beside what a full re-render and re-tokenization would cost at turn N.
@@ -74,6 +77,7 @@ class TimedEngine:
     def __init__(self, engine):
         self.engine = engine
         self.times: dict[str, list[float]] = {}
+        self.chunks: list[int] = []  # chunks per streamed call
 
     tokenizer = property(lambda self: self.engine.tokenizer)
     max_context = property(lambda self: self.engine.max_context)
@@ -87,9 +91,12 @@ class TimedEngine:
 
     async def stream(self, prompt_ids, sampling, *, session_id=None):
         t = time.perf_counter()
+        n = 0
         async for chunk in self.engine.stream(prompt_ids, sampling, session_id=session_id):
+            n += 1
             if chunk.finish_reason is not None:  # the consumer stops at the final chunk
                 self.times.setdefault(session_id, []).append(time.perf_counter() - t)
+                self.chunks.append(n)
             yield chunk
 
 
@@ -120,6 +127,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--turns", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument(
+        "--stream",
+        choices=["both", "chunked", "per-token"],
+        default="both",
+        help="ray: how a replica's stream reaches the proxy (both: side by side)",
+    )
     ap.add_argument(
         "--switch-interval",
         type=float,
@@ -158,9 +171,20 @@ def main() -> None:
     async def cpu():
         return time.thread_time()
 
+    modes = ["chunked", "per-token"] if args.stream == "both" else [args.stream]
+    if args.engine != "ray":
+        modes = ["embedded"]
+
+    def set_mode(mode: str) -> None:
+        for _, replica in getattr(engine, "replicas", []):
+            replica.chunked = mode != "per-token"
+
     with pt as p:
-        for run, n in [(r, n) for r in range(args.runs) for n in args.concurrency]:
+        settings = [(r, n, m) for r in range(args.runs) for n in args.concurrency for m in modes]
+        for run, n, mode in settings:
+            set_mode(mode)
             timed.times.clear()
+            timed.chunks.clear()
             sessions = [p.open_session(f"bench-{run}-{n}-{i}") for i in range(n)]
             spec = {
                 "urls": [s.openai_base_url for s in sessions],
@@ -180,7 +204,7 @@ def main() -> None:
             floor = [x for _, f in results for x in f]
             added, e2e, eng = [], [], []
             for s, lat in zip(sessions, latencies, strict=True):
-                times = timed.times[s.token]
+                times = timed.times[s.engine_id]
                 added += [a - b for a, b in zip(lat, times, strict=True)]
                 e2e += lat
                 eng += times
@@ -203,7 +227,7 @@ def main() -> None:
                 return await asyncio.gather(*(one(ids, f"d{i}") for i, ids in enumerate(prompts)))
 
             direct_lat = [x for row in pt.call(direct()) for x in row]
-            per_run.setdefault(f"{n} sessions", []).append(
+            per_run.setdefault(f"{n} sessions, {mode}", []).append(
                 {
                     "calls": len(added),
                     "added_ms_p50": round(1000 * pct(added, 50), 2),
@@ -212,6 +236,7 @@ def main() -> None:
                     "proxy_thread_cpu_ms_per_request": round(
                         1000 * cpu_total / (len(added) + len(floor)), 2
                     ),
+                    "chunks_per_call": round(statistics.mean(timed.chunks or [0]), 2),
                     "proxy_e2e_ms_p50": round(1000 * pct(e2e, 50), 1),
                     "proxy_e2e_ms_p99": round(1000 * pct(e2e, 99), 1),
                     "engine_in_proxy_ms_p50": round(1000 * pct(eng, 50), 1),
@@ -232,6 +257,7 @@ def main() -> None:
         # CPU of the proxy's own thread per call, over one long conversation
         import openai
 
+        set_mode(modes[0])
         s = p.open_session("bench-long")
         c = openai.OpenAI(base_url=s.openai_base_url, api_key="k", max_retries=0)
 
@@ -273,17 +299,22 @@ def main() -> None:
 
 def print_table(report: dict, per_run: dict[str, list[dict]]) -> None:
     print(f"engine: {report['engine']}; {report['runs']} runs (median, min-max over runs)")
-    print("| sessions | added p50 ms | added p99 ms | proxy CPU ms/req | direct engine p50 ms |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| sessions | stream | added p50 ms | added p99 ms | proxy CPU ms/req "
+        "| direct engine p50 ms | direct engine p99 ms | chunks per call |"
+    )
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for key in per_run:
         row = report[key]
 
         def cell(name, row=row):
             return f"{row[name]['median']:g} ({row[name]['min']:g}-{row[name]['max']:g})"
 
+        sessions, mode = key.split(" sessions, ")
         print(
-            f"| {key.split()[0]} | {cell('added_ms_p50')} | {cell('added_ms_p99')} | "
-            f"{cell('proxy_thread_cpu_ms_per_request')} | {cell('direct_engine_ms_p50')} |"
+            f"| {sessions} | {mode} | {cell('added_ms_p50')} | {cell('added_ms_p99')} | "
+            f"{cell('proxy_thread_cpu_ms_per_request')} | {cell('direct_engine_ms_p50')} | "
+            f"{cell('direct_engine_ms_p99')} | {cell('chunks_per_call')} |"
         )
 
 

@@ -9,11 +9,16 @@ Bounded and loopback only: the docker daemon on this machine, and the cluster in
 sandbox and pod it starts is stopped before it exits.
 
 1. docker: ``N`` trials of the trivial ``hello-world`` task at once (``--n``, each size in
-   turn); every trial runs ``--execs`` commands (``true``) back to back once all ``N``
-   sandboxes are up, and each exec's latency is recorded. The p99 at the largest ``N`` over
-   the p99 at the smallest is the figure (goal: <= 2). At the largest ``N`` it is measured
-   twice, side by side: with the backend's thread pool sized to the run (today) and with the
-   fixed 64-thread pool it had before (``--n`` above 64 makes execs queue for a thread).
+   turn), all ``N`` sandboxes up before any command; each command's latency is recorded, on
+   the same sandboxes through both paths, side by side: the daemon's exec API (before) and
+   the exec server in the container's PID 1 (after). Two loads:
+   * ``paced``: each trial runs ``--execs`` commands (``true``) ``--think-s`` apart (an
+     agent waiting on its model between commands; first one at a random offset), the
+     load a run puts on the backend. The p99 at the largest ``N`` over the p99 at the
+     smallest is the issue's figure (goal: <= 2).
+   * ``back-to-back``: the same commands with no pause, which measures the path's
+     throughput (commands per second): with no pause every command waits for the N - 1
+     ahead of it, so latency grows with N on any path once the CPUs are busy.
 2. k8s: ``--pods`` pods started at once; every request the kubernetes client sends while
    they start is counted (create, reads, list, watch, log reads). Before: each start read
    its pod every 0.2 s until it ran (the watch left unstarted with a 0.2 s fallback is that
@@ -24,10 +29,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import os
+import random
 import statistics
 import time
 from pathlib import Path
@@ -37,7 +42,6 @@ from slr.tasks import load_tasks
 from slr.trial import new_trial_id
 
 ROOT = Path(__file__).resolve().parents[1]
-OLD_DOCKER_THREADS = 64  # the docker backend's fixed pool before it was sized to the run
 
 
 def _task():
@@ -52,18 +56,14 @@ def _p(values: list[float], q: float) -> float:
 # -- docker ----------------------------------------------------------------------------
 
 
-async def _docker_level(n: int, execs: int, *, old_pool: bool) -> dict:
+async def _docker_level(n: int, execs: int, think_s: float, seed: int) -> list[dict]:
     from slr_backend_docker.backend import DockerBackend
 
     backend = DockerBackend(sandboxes=n)
-    if old_pool:
-        backend._pool.shutdown(wait=False)
-        backend._pool = concurrent.futures.ThreadPoolExecutor(
-            OLD_DOCKER_THREADS, thread_name_prefix="slr-docker-old"
-        )
     task = _task()
     await backend.prepare(task)
     sandboxes = []
+    rows = []
     try:
         t0 = time.perf_counter()
         starts = [
@@ -76,49 +76,71 @@ async def _docker_level(n: int, execs: int, *, old_pool: bool) -> dict:
         if failed:
             raise RuntimeError(f"{len(failed)} of {n} sandboxes did not start: {failed[0]!r}")
         start_s = time.perf_counter() - t0
+        if any(sb.channel is None for sb in sandboxes):
+            raise RuntimeError("a sandbox started without its exec server")
+        channels = [sb.channel for sb in sandboxes]
+        for load in ("paced", "back-to-back"):
+            for path in ("daemon exec API (before)", "exec server (after)"):
+                server = path.startswith("exec server")
+                for sb, channel in zip(sandboxes, channels, strict=True):
+                    sb.channel = channel if server else None
+                rng = random.Random(seed)
+                offsets = [rng.uniform(0, think_s) for _ in sandboxes]
+                pause = think_s if load == "paced" else 0.0
 
-        async def trial(sb) -> list[float]:
-            out = []
-            for _ in range(execs):
-                t = time.perf_counter()
-                res = await sb.exec("true")
-                out.append(time.perf_counter() - t)
-                assert res.ok, res
-            return out
+                async def trial(sb, offset: float, pause: float = pause) -> list[float]:
+                    out = []
+                    if pause:
+                        await asyncio.sleep(offset)
+                    for _ in range(execs):
+                        t = time.perf_counter()
+                        res = await sb.exec("true")
+                        out.append(time.perf_counter() - t)
+                        assert res.ok, res
+                        if pause:
+                            await asyncio.sleep(pause)
+                    return out
 
-        t0 = time.perf_counter()
-        latencies = [x for xs in await asyncio.gather(*map(trial, sandboxes)) for x in xs]
-        exec_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                latencies = [
+                    x for xs in await asyncio.gather(*map(trial, sandboxes, offsets)) for x in xs
+                ]
+                wall = time.perf_counter() - t0
+                rows.append(
+                    {
+                        "trials": n,
+                        "load": load,
+                        "path": path,
+                        "execs": len(latencies),
+                        "start_all_s": round(start_s, 2),
+                        "exec_p50_ms": round(1000 * statistics.median(latencies), 1),
+                        "exec_p99_ms": round(1000 * _p(latencies, 0.99), 1),
+                        "execs_per_s": round(len(latencies) / wall, 1),
+                    }
+                )
     finally:
         await asyncio.gather(*(sb.stop() for sb in sandboxes), return_exceptions=True)
         await backend.close()
-    return {
-        "trials": n,
-        "threads": OLD_DOCKER_THREADS if old_pool else backend.threads,
-        "pool": "fixed 64 (before)" if old_pool else "sized to the run",
-        "execs": len(latencies),
-        "start_all_s": round(start_s, 2),
-        "exec_p50_ms": round(1000 * statistics.median(latencies), 1),
-        "exec_p99_ms": round(1000 * _p(latencies, 0.99), 1),
-        "execs_per_s": round(len(latencies) / exec_s, 1),
-    }
+    return rows
 
 
-async def docker_bench(sizes: list[int], execs: int) -> dict:
-    levels = [await _docker_level(n, execs, old_pool=False) for n in sizes]
-    big = max(sizes)
-    if big > OLD_DOCKER_THREADS:
-        levels.append(await _docker_level(big, execs, old_pool=True))
-    small = next(lv for lv in levels if lv["trials"] == min(sizes))
-    large = next(lv for lv in levels if lv["trials"] == big and lv["pool"] != "fixed 64 (before)")
-    report: dict = {
-        "levels": levels,
-        "p99_ratio_largest_vs_smallest": round(large["exec_p99_ms"] / small["exec_p99_ms"], 2),
+async def docker_bench(sizes: list[int], execs: int, think_s: float, seed: int) -> dict:
+    levels = [row for n in sizes for row in await _docker_level(n, execs, think_s, seed)]
+    small, big = min(sizes), max(sizes)
+
+    def p99(n: int, load: str, path: str) -> float:
+        return next(
+            r["exec_p99_ms"]
+            for r in levels
+            if r["trials"] == n and r["load"] == load and r["path"].startswith(path)
+        )
+
+    ratios = {
+        f"{load} p99 ratio {path}": round(p99(big, load, path) / p99(small, load, path), 2)
+        for load in ("paced", "back-to-back")
+        for path in ("daemon", "exec server")
     }
-    before = [lv for lv in levels if lv["pool"] == "fixed 64 (before)"]
-    if before:
-        report["p99_ratio_before"] = round(before[0]["exec_p99_ms"] / small["exec_p99_ms"], 2)
-    return report
+    return {"levels": levels, "p99_ratio_largest_vs_smallest": ratios}
 
 
 # -- k8s -------------------------------------------------------------------------------
@@ -212,7 +234,11 @@ def main() -> None:
     ap.add_argument(
         "--n", type=int, action="append", help="concurrent docker trials (repeat: 8 and 128)"
     )
-    ap.add_argument("--execs", type=int, default=20, help="execs per trial")
+    ap.add_argument("--execs", type=int, default=5, help="commands per trial, per load")
+    ap.add_argument(
+        "--think-s", type=float, default=2.0, help="paced load: seconds between a trial's commands"
+    )
+    ap.add_argument("--seed", type=int, default=0, help="the paced load's start offsets")
     ap.add_argument("--pods", type=int, default=64, help="k8s pods started at once")
     ap.add_argument("--skip-docker", action="store_true")
     ap.add_argument("--skip-k8s", action="store_true")
@@ -224,8 +250,8 @@ def main() -> None:
     get_plugin_manager()  # load the plugins (and their structlog routing) before timing
     report: dict = {"sizes": {}}
     if not args.skip_docker:
-        report["sizes"].update(docker_trials=sizes, execs=args.execs)
-        report["docker"] = asyncio.run(docker_bench(sizes, args.execs))
+        report["sizes"].update(docker_trials=sizes, execs=args.execs, think_s=args.think_s)
+        report["docker"] = asyncio.run(docker_bench(sizes, args.execs, args.think_s, args.seed))
     if not args.skip_k8s:
         if not os.environ.get("KUBECONFIG"):
             ap.error('no KUBECONFIG: eval "$(scripts/k8s-up)" first, or pass --skip-k8s')
@@ -236,12 +262,9 @@ def main() -> None:
         return
     if "docker" in report:
         print(_table(report["docker"]["levels"]))
-        print(
-            f"p99 at the largest N / p99 at the smallest: "
-            f"{report['docker']['p99_ratio_largest_vs_smallest']} (goal <= 2)"
-        )
-        if "p99_ratio_before" in report["docker"]:
-            print(f"... with the fixed 64-thread pool: {report['docker']['p99_ratio_before']}")
+        print("p99 at the largest N / p99 at the smallest (goal <= 2 for the paced load):")
+        for name, ratio in report["docker"]["p99_ratio_largest_vs_smallest"].items():
+            print(f"  {name}: {ratio}")
         print()
     if "k8s" in report:
         print(_table(report["k8s"]["levels"]))

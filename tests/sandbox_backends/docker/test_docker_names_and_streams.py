@@ -98,7 +98,8 @@ class _StreamMisread:
 @pytest.mark.timeout(60)
 def test_an_sdk_value_error_in_exec_is_a_sandbox_error(example_tasks):
     async def go():
-        backend = DockerBackend(DockerBackendConfig())
+        # commands through the daemon's exec API, as every command of the verifier phase
+        backend = DockerBackend(DockerBackendConfig(exec_server=False))
         sb = await backend.start(example_tasks[0], trial_id="misread", labels={})
         try:
             sb._api = _StreamMisread(sb._api)
@@ -128,7 +129,7 @@ def test_a_daemon_that_went_away_is_a_sandbox_error(example_tasks, tmp_path):
     import docker
 
     async def go():
-        backend = DockerBackend(DockerBackendConfig())
+        backend = DockerBackend(DockerBackendConfig(exec_server=False))
         sb = await backend.start(example_tasks[0], trial_id="daemon-gone", labels={})
         real_api = sb._api
         try:

@@ -13,6 +13,8 @@ record and are raised again, as the same type, on the driver's side; a replica t
 (killed, crashed, its node lost) surfaces as ``EngineUnavailable``, which makes the balancer
 move the session. A stream's chunks come through a Ray streaming generator; a consumer that
 stops cancels the actor's task, which closes the engine's stream at its next token boundary.
+One Ray object carries every token sampled since the consumer took the previous one
+(``_Coalescer``), not one token each.
 
 Other processes reach the same replicas: ``replica_handles`` gives each replica's actor
 handle and description (plain data that Ray sends anywhere), and ``attach_replicas`` builds
@@ -28,6 +30,7 @@ that Ray restarts after a crash starts from the model folder; before it is admit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -45,6 +48,7 @@ from slr.contracts import (
     UpdateMode,
     collect,
 )
+from slr.contracts.engine import ChunkCollector
 from slr.contracts.weights import portable
 from slr.errors import UsageError
 from slr.runtime import cluster
@@ -89,6 +93,16 @@ class _Failure:
         return EngineUnavailable(f"engine replica {replica}: {self.message}")
 
 
+def _ray_method(**options: Any) -> Any:
+    """``ray.method(**options)`` where Ray is installed (this module is imported only when a
+    run uses Ray, but its names are read by tests and docs without it)."""
+    try:
+        import ray
+    except ImportError:
+        return lambda fn: fn
+    return ray.method(**options)
+
+
 class EngineActor:
     """The body of one engine replica (wrapped by ``ray.remote`` in ``start_engine_replicas``).
 
@@ -118,23 +132,24 @@ class EngineActor:
             "pid": os.getpid(),
         }
 
+    # One object in flight per stream: the generator waits at its yield until the consumer
+    # has taken the previous chunk, and the tokens sampled meanwhile go out as one object.
+    @_ray_method(_generator_backpressure_num_objects=1)
     async def stream(
         self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None
     ) -> AsyncIterator[GenerationChunk | _Failure]:
         chunks = self.engine.stream(prompt_ids, sampling, session_id=session_id)
+        pending = _Coalescer(chunks)
         try:
-            async for chunk in chunks:
-                yield chunk
-                if chunk.finish_reason is not None:
+            while True:
+                item = await pending.take()
+                yield item
+                if isinstance(item, _Failure) or item.finish_reason is not None:
                     return
-        except Exception as exc:  # as data: the driver raises it again as its own type
-            yield _Failure.of(exc)
         finally:
             # Also reached when the driver cancels this task (its consumer went away):
             # closing the engine's stream frees the sequence at the next token boundary.
-            close = getattr(chunks, "aclose", None)
-            if close is not None:
-                await close()
+            await pending.close()
 
     async def update_weights(
         self, state_dict: Mapping[str, Any], version: int | None, mode: str
@@ -157,6 +172,75 @@ class EngineActor:
 
     async def close(self) -> None:
         await self.engine.close()
+
+
+class _Coalescer:
+    """Reads an engine's stream as fast as it yields and hands out everything read since
+    the last ``take`` as one chunk: at 32 sessions a Ray object per token (each one a
+    report to the consumer's process and a wake-up of its event loop) cost more CPU than
+    the proxy itself on a two-core machine."""
+
+    def __init__(self, chunks: AsyncIterator[GenerationChunk]) -> None:
+        self._chunks = chunks
+        self._buffer: list[GenerationChunk] = []
+        self._failure: _Failure | None = None
+        self._ended = False
+        self._ready = asyncio.Event()
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for chunk in self._chunks:
+                self._buffer.append(chunk)
+                self._ready.set()
+                if chunk.finish_reason is not None:
+                    break
+        except Exception as exc:  # as data: the driver raises it again as its own type
+            self._failure = _Failure.of(exc)
+        finally:
+            self._ended = True
+            self._ready.set()
+
+    async def take(self) -> GenerationChunk | _Failure:
+        """The chunks read since the last call, merged (waits for at least one); then a
+        failure, if the stream failed; the end of the stream without a final chunk is
+        a failure too."""
+        while not self._buffer and not self._ended:
+            self._ready.clear()
+            await self._ready.wait()
+        if self._buffer:
+            merged, self._buffer = merge_chunks(self._buffer), []
+            return merged
+        if self._failure is not None:
+            return self._failure
+        return _Failure.of(EngineUnavailable("the engine's stream ended without a final chunk"))
+
+    async def close(self) -> None:
+        if not self._reader.done():
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        close = getattr(self._chunks, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def merge_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
+    """Consecutive chunks of one stream as one chunk (tokens, log-probs, versions and
+    routing concatenated; the last one's finish reason)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    collector = ChunkCollector()
+    for chunk in chunks:
+        collector.add(chunk)
+    return GenerationChunk(
+        token_ids=collector.token_ids,
+        logprobs=collector.logprobs,
+        weights_versions=collector.weights_versions,
+        routed_experts=collector.routed_experts,
+        finish_reason=collector.finish_reason,
+        prompt_tokens=collector.prompt_tokens,
+    )
 
 
 @frozen(kw_only=True)
@@ -198,6 +282,8 @@ class RayEngine:
         self._connection = connection
         self._published: tuple[Any, int] | None = None  # (object ref, version) last pushed
         self._closed = False
+        # False: one Ray object per token, as streams went before chunking (benchmarks only)
+        self.chunked = True
 
     @property
     def tokenizer(self) -> Any:
@@ -224,7 +310,10 @@ class RayEngine:
 
         if self._closed:
             raise EngineUnavailable(f"engine replica {self.name} is closed")
-        calls = self.actor.stream.remote(prompt_ids, sampling, session_id)
+        method = self.actor.stream
+        if not self.chunked:  # no backpressure: the actor yields each token as it comes
+            method = method.options(_generator_backpressure_num_objects=-1)
+        calls = method.remote(prompt_ids, sampling, session_id)
         finished = False
         try:
             async for ref in calls:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from slr.sandboxing.host_relay import HostRelay
 
 RELAY_SCRIPT = Path(__file__).with_name("relay.py")
+EXEC_SERVER_SCRIPT = Path(__file__).with_name("exec_server.py")
 SOCKET_NAME = "proxy.sock"
 LINK_PREFIX = "slr-link-"
 OWNER_FILE = "owner.pid"
@@ -36,7 +37,8 @@ def inner_proxy_url(host_url: str, port: int) -> tuple[str, tuple[str, int]]:
 
 
 class ProxyLink:
-    """One trial's link: a folder holding ``relay.py`` and ``proxy.sock``, to bind-mount.
+    """One trial's link: a folder holding ``relay.py`` (with ``exec_server.py``) and
+    ``proxy.sock``, to bind-mount.
 
     The host end is a ``HostRelay`` on the unix socket: its own threads, not the caller's
     event loop, so a sandbox may be driven from several loops (tests) and a busy loop never
@@ -49,6 +51,7 @@ class ProxyLink:
         self.dir.chmod(0o755)
         (self.dir / OWNER_FILE).write_text(str(os.getpid()))
         shutil.copy(RELAY_SCRIPT, self.dir / "relay.py")
+        shutil.copy(EXEC_SERVER_SCRIPT, self.dir / "exec_server.py")  # relay.py --exec
         self.socket_path = self.dir / SOCKET_NAME
         self._target: tuple[str, int] | None = None
         self._relay: HostRelay | None = None

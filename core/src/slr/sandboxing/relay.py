@@ -7,6 +7,9 @@ sandbox; the host end forwards to the proxy. The proxy is the only thing reachab
     python3 relay.py PORT SOCKET            serve forever (a container's PID 1); prints
                                             "slr-relay ready" once listening
     python3 relay.py PORT SOCKET -- CMD...  listen, run CMD, exit with its status
+    python3 relay.py PORT SOCKET --exec EXEC_SOCKET
+                                            PID 1 that also serves the sandbox's commands
+                                            (``exec_server.py``, beside this file)
 
 It is copied into the sandbox and runs on the sandbox's python3, so it cannot import slr:
 its pipe loop is its own copy of ``slr.sandboxing.host_relay.pipe``.
@@ -67,13 +70,17 @@ def _serve(listener, path):
 def main(argv):
     port, path = int(argv[0]), argv[1]
     cmd = argv[3:] if len(argv) > 2 and argv[2] == "--" else None
+    exec_socket = argv[3] if len(argv) > 3 and argv[2] == "--exec" else None
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(128)
     if cmd is None:
-        # PID 1 of a container: reap re-parented orphans, exit on docker stop.
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        # PID 1 of a container: reap re-parented orphans, exit on docker stop. The exec
+        # server reaps them itself: it needs its commands' exit statuses, which an ignored
+        # SIGCHLD would throw away.
+        if exec_socket is None or not _start_exec_server(exec_socket):
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
         sys.stdout.write(READY + "\n")
         sys.stdout.flush()
@@ -81,6 +88,15 @@ def main(argv):
         return 0
     threading.Thread(target=_serve, args=(listener, path), daemon=True).start()
     return subprocess.call(cmd)
+
+
+def _start_exec_server(exec_socket):
+    try:
+        import exec_server  # pyright: ignore[reportMissingImports]  (copied beside this file)
+    except ImportError:
+        return False
+    # Dialled before the ready line: the host accepts it right after seeing that line.
+    return exec_server.start(exec_socket)
 
 
 if __name__ == "__main__":

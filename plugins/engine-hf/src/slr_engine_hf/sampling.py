@@ -56,6 +56,16 @@ def sample_rows(
     logits = logits.detach().to("cpu", torch.float32)
     temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
     logprobs = token_logprobs(logits, temps)
+    # Rows sampled from the whole distribution (no top-k / top-p) get their probabilities
+    # in one batched softmax, the same values row by row; only the draw, which needs the
+    # row's own generator, stays per row.
+    plain = [
+        row
+        for row, p in enumerate(params)
+        if p.temperature != 0 and not truncates(p.top_k, p.top_p, logprobs.shape[-1])
+    ]
+    probs = torch.softmax(logprobs[plain], dim=-1) if len(plain) > 1 else None
+    plain_index = {row: i for i, row in enumerate(plain)}
     tokens: list[int] = []
     values: list[float] = []
     for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
@@ -63,9 +73,16 @@ def sample_rows(
         if p.temperature == 0:
             tok = int(torch.argmax(lp))
         else:
-            kept = truncate(lp, p.top_k, p.top_p)
-            probs = torch.softmax(kept, dim=-1)
-            tok = int(torch.multinomial(probs, 1, generator=gen))
+            if probs is not None and row in plain_index:
+                row_probs = probs[plain_index[row]]
+            else:
+                row_probs = torch.softmax(truncate(lp, p.top_k, p.top_p), dim=-1)
+            tok = int(torch.multinomial(row_probs, 1, generator=gen))
         tokens.append(tok)
         values.append(float(lp[tok]))
     return tokens, values
+
+
+def truncates(top_k: int, top_p: float, vocab: int) -> bool:
+    """Whether top-k / top-p remove anything (``truncate`` would change the row)."""
+    return bool(top_k and top_k < vocab) or top_p < 1.0

@@ -24,6 +24,8 @@ import structlog
 
 from slr.contracts import BrokenEnvironment, SandboxError
 from slr.sandboxing import ProxyLink, pid_alive, remove_stale_links
+from slr.sandboxing.exec_channel import SOCKET_NAME as EXEC_SOCKET
+from slr.sandboxing.exec_channel import ExecChannel, ExecListener
 from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, SANDBOX, trial_labels
 from slr_backend_docker import registry
 from slr_backend_docker.client import (
@@ -281,10 +283,17 @@ class DockerBackend:
                 f"on the daemon's host"
             )
         link = ProxyLink(parent=self.config.socket_dir)
+        listener: ExecListener | None = None
         try:
             link.start()
-            container = await self.call(self._create, task, trial_id, labels, mounts or {}, link)
+            if self.config.exec_server:
+                listener = ExecListener(link.dir)
+            container = await self.call(
+                self._create, task, trial_id, labels, mounts or {}, link, listener is not None
+            )
         except BaseException:
+            if listener is not None:
+                listener.close()
             link.remove()
             raise
         sandbox = DockerSandbox(
@@ -296,12 +305,28 @@ class DockerBackend:
         )
         try:
             await self.call(self._start_and_wait_ready, container)
+            if listener is not None:
+                sandbox.channel = self._exec_channel(listener, container)
         except BaseException:
+            if listener is not None:
+                listener.close()
             await sandbox.stop()
             raise
         return sandbox
 
-    def _create(self, task, trial_id, labels, mounts, link):
+    def _exec_channel(self, listener: ExecListener, container: Any) -> ExecChannel | None:
+        """The container's exec server, dialled before its ready line; None (commands go
+        through the daemon) when it did not start: an image whose user is not root, or a
+        python3 that cannot run it."""
+        channel = listener.accept_ready(container.attrs["Config"].get("Env") or [])
+        if channel is None:
+            log.info(
+                "no exec server in the sandbox; its commands go through the daemon",
+                container=container.short_id,
+            )
+        return channel
+
+    def _create(self, task, trial_id, labels, mounts, link, exec_server: bool):
         import docker.errors
 
         env = task.environment
@@ -328,6 +353,7 @@ class DockerBackend:
                     f"{LINK_MOUNT}/relay.py",
                     str(self.config.proxy_port),
                     f"{LINK_MOUNT}/proxy.sock",
+                    *(["--exec", f"{LINK_MOUNT}/{EXEC_SOCKET}"] if exec_server else []),
                 ],
                 command=[],
                 labels=all_labels,

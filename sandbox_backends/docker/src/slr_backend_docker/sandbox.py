@@ -18,11 +18,13 @@ import structlog
 from slr.contracts import ExecResult, NetworkMode, SandboxError
 from slr.sandboxing import ProxyLink, command_argv, inner_proxy_url
 from slr.sandboxing.cpu import container_cgroup, read_cpu_s
+from slr.sandboxing.exec_channel import ChannelLost, ExecChannel
+from slr.sandboxing.exec_server import MARKER_KEY as EXEC_MARKER
 from slr_backend_docker.client import daemon_unreachable, transport_errors
 
 log = structlog.get_logger()
 
-EXEC_MARKER = "SLR_EXEC_ID"
+
 # Kill every process whose environment carries the exec's marker: the whole tree the
 # command started, however it forked or re-parented, without relying on process groups.
 _KILL_TREE = (
@@ -38,6 +40,11 @@ class DockerSandbox:
 
     ``api`` is the SDK's low-level client and ``call`` runs a blocking function of it off the
     event loop (the backend's thread pool): all the sandbox needs of its backend.
+
+    ``channel``: the container's exec server (PID 1), which runs the agent phase's commands
+    without the daemon's exec API. It is as trustworthy as the agent (an agent with root
+    could take PID 1 over), so it is closed for good when the agent phase ends
+    (``end_processes``, ``set_network``): whatever decides the reward runs through the daemon.
     """
 
     def __init__(
@@ -48,8 +55,10 @@ class DockerSandbox:
         container: Any,
         link: ProxyLink,
         proxy_port: int,
+        channel: ExecChannel | None = None,
     ) -> None:
         self._api = api
+        self.channel = channel
         self._run = call
         self.container = container
         self.id = container.id
@@ -112,8 +121,37 @@ class DockerSandbox:
     ) -> ExecResult:
         argv = command_argv(command)
         marker = uuid.uuid4().hex
-        environment = {**(env or {}), EXEC_MARKER: marker}
         started = time.monotonic()
+        if self.channel is not None and not self.channel.closed:
+            try:
+                out = await self.channel.run(
+                    argv, marker=marker, timeout_s=timeout_s, user=user, cwd=cwd, env=env
+                )
+            except ChannelLost as exc:
+                # PID 1 is the exec server: its end is the container's (or a broken sandbox)
+                await self._check_alive()
+                raise SandboxError(f"sandbox {self.id[:12]}: {exc}") from exc
+            # no aliveness check for 126 / >= 128 here: PID 1 answered, so the container lives
+            return ExecResult(
+                exit_code=out.exit_code,
+                stdout=out.stdout.decode(errors="replace"),
+                stderr=out.stderr.decode(errors="replace"),
+                timed_out=out.timed_out,
+                duration_s=time.monotonic() - started,
+            )
+        return await self._exec_via_daemon(argv, marker, started, timeout_s, user, cwd, env)
+
+    async def _exec_via_daemon(
+        self,
+        argv: list[str],
+        marker: str,
+        started: float,
+        timeout_s: float | None,
+        user: str | None,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+    ) -> ExecResult:
+        environment = {**(env or {}), EXEC_MARKER: marker}
         exec_id = (
             await self._call(
                 self._api.exec_create,
@@ -193,8 +231,14 @@ class DockerSandbox:
         if code != 0:
             raise SandboxError(f"sandbox {self.id[:12]} stopped during a command (probe {code})")
 
+    def close_channel(self) -> None:
+        """From now on every command goes through the daemon (the agent phase is over)."""
+        if self.channel is not None:
+            self.channel.close()
+
     async def end_processes(self) -> None:
         """Kill everything but the relay (PID 1): nothing the agent started survives."""
+        self.close_channel()
         res = await self.exec(["sh", "-c", "kill -9 -1 2>/dev/null; true"], user="root", cwd="/")
         if not res.ok:
             raise SandboxError(f"could not end the sandbox's processes: {res.stderr.strip()}")
@@ -252,6 +296,7 @@ class DockerSandbox:
             return
         if mode == "proxy-only":
             raise SandboxError("a sandbox cannot go back to proxy-only after the agent phase")
+        self.close_channel()
         self.link.close()
         if mode == "full":
             await self._call(self._api.disconnect_container_from_network, self.id, "none")
@@ -262,6 +307,7 @@ class DockerSandbox:
         if self._stopped:
             return
         self._stopped = True
+        self.close_channel()
         import docker.errors
 
         def remove() -> None:
