@@ -32,6 +32,15 @@ from slr.contracts import (
 )
 from slr.contracts.engine import check_update_mode
 from slr.contracts.weights import require_full
+from slr.engines.protocol import response_json
+from slr.engines.remote import (
+    HttpEngine,
+    balanced,
+    load_tokenizer,
+    run_sync,
+    start_replicas,
+)
+from slr.engines.server import ServerProcess
 from slr.errors import UsageError
 from slr_engine_sglang.config import SglangEngineConfig
 from slr_engine_sglang.protocol import (
@@ -42,13 +51,13 @@ from slr_engine_sglang.protocol import (
     generate_request,
     read_output,
 )
-from slr_engine_sglang.server import SglangServer, find_python
+from slr_engine_sglang.server import find_python, launch_server
 from slr_engine_sglang.weights import WeightFolders
 
 log = structlog.get_logger()
 
 
-class SglangEngine:
+class SglangEngine(HttpEngine):
     """Implements ``slr.contracts.Engine`` against one SGLang server.
 
     ``await engine.start()`` launches the server (or checks an attached one) and learns
@@ -56,6 +65,9 @@ class SglangEngine:
     or a dead process raises ``EngineUnavailable`` (the balancer then fails over); a 4xx
     raises ``ValueError`` or ``ContextOverflow`` (the request itself was wrong).
     """
+
+    label = "SGLang"
+    config: SglangEngineConfig
 
     def __init__(
         self,
@@ -67,76 +79,22 @@ class SglangEngine:
         client: httpx.AsyncClient | None = None,
         weights: WeightFolders | None = None,
     ) -> None:
-        self.config = config
-        self.index = index
-        self.server: SglangServer | None = None
-        self._url = url.rstrip("/") if url else None
-        self._tokenizer = tokenizer
-        self._client = client
-        self._client_loop: Any = asyncio.get_running_loop() if client is not None else None
-        self._max_context = config.max_context
+        super().__init__(config, url=url, index=index, tokenizer=tokenizer, client=client)
         self._experts_per_token = config.experts_per_token
-        self._version = 0
-        self._closed = False
-        self._updating: asyncio.Event | None = None
         self._inflight: dict[str, asyncio.Event] = {}  # rid -> set when its request ended
         self._preempted: set[str] = set()  # rids aborted by a partial update, to resume
         self._weights = weights or weight_folders(config)
 
-    @property
-    def url(self) -> str:
-        if self._url is None:
-            raise EngineUnavailable("this SGLang engine is not started; await engine.start()")
-        return self._url
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """An HTTP client for the running event loop (a client's pool belongs to one loop)."""
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.config.request_timeout_s, connect=10.0)
-            )
-            self._client_loop = loop
-        return self._client
+    def launch(self) -> ServerProcess:
+        return launch_server(self.config, index=self.index)
 
     async def start(self) -> SglangEngine:
-        if self._url is None:
-            self.server = SglangServer(self.config, index=self.index)
-            self._url = self.server.url
-            await self.server.wait_ready(self.client, self.config.startup_timeout_s)
-        if not self._max_context:
-            self._max_context = await self._ask_max_context()
-        if self._tokenizer is None:
-            self._tokenizer = await asyncio.to_thread(_load_tokenizer, self.config)
+        await super().start()
         if self.config.return_routed_experts and not self._experts_per_token:
             self._experts_per_token = _experts_per_token(self.config)
         return self
 
-    async def _ask_max_context(self) -> int:
-        try:
-            response = await self.client.get(f"{self.url}/v1/models", timeout=30)
-            response.raise_for_status()
-            for model in response.json().get("data", []):
-                if model.get("max_model_len"):
-                    return int(model["max_model_len"])
-        except (httpx.HTTPError, ValueError) as exc:
-            raise EngineUnavailable(f"could not read {self.url}/v1/models: {exc}") from exc
-        raise UsageError(f"{self.url}/v1/models reports no max_model_len; set [engine] max_context")
-
     # -- the Engine protocol --------------------------------------------------------------
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def max_context(self) -> int:
-        return self._max_context
-
-    @property
-    def weights_version(self) -> int:
-        return self._version
 
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
@@ -157,8 +115,7 @@ class SglangEngine:
         generated: list[int] = []
         routing: list[Any] = []
         while True:
-            while self._updating is not None:  # no request starts during a weight swap
-                await self._updating.wait()
+            await self._no_swap()
             context = prompt + generated
             room = sampling.max_tokens - len(generated)
             if self._max_context:
@@ -219,7 +176,7 @@ class SglangEngine:
             async with self.client.stream("POST", f"{self.url}/generate", json=body) as response:
                 if response.status_code >= 400:
                     await response.aread()
-                    raise self._error(response.status_code, _json(response), prompt_tokens)
+                    raise self._error(response.status_code, response_json(response), prompt_tokens)
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -251,9 +208,7 @@ class SglangEngine:
                     if piece.finish_reason is not None:
                         return
         except httpx.TransportError as exc:
-            raise EngineUnavailable(
-                f"SGLang server {self.url} did not answer: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise self._unanswered(exc) from exc
         except (ProtocolError, json.JSONDecodeError) as exc:
             raise EngineUnavailable(f"SGLang server {self.url}: {exc}") from exc
         raise EngineUnavailable(
@@ -262,7 +217,7 @@ class SglangEngine:
 
     def _error(self, status: int, data: Any, prompt_tokens: int) -> Exception:
         if status >= 500:
-            return EngineUnavailable(f"SGLang server {self.url} failed (HTTP {status}): {data}")
+            return self._server_error(status, data)
         return error_for(status, data, prompt_tokens=prompt_tokens, max_context=self._max_context)
 
     async def _abort(self, rid: str) -> None:
@@ -326,52 +281,13 @@ class SglangEngine:
             response = await self.client.post(url, json=body, timeout=None)
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"{url} did not answer: {exc}") from exc
-        data = _json(response)
+        data = response_json(response)
         if response.status_code >= 400 or not (isinstance(data, dict) and data.get("success")):
             raise EngineUnavailable(
                 f"{url} refused the weights in {folder} (HTTP {response.status_code}): {data}. "
                 f"The folder must be readable by the server at that path ([engine] weights_dir "
                 f"on a shared filesystem when the server runs elsewhere)"
             )
-
-    async def health(self) -> bool:
-        if self._closed or (self.server is not None and not self.server.running):
-            return False
-        try:
-            response = await self.client.get(f"{self.url}/health", timeout=10)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self.server is not None:
-            await asyncio.to_thread(self.server.stop)
-        if self._client is not None and self._client_loop is asyncio.get_running_loop():
-            await self._client.aclose()
-        self._client = None
-
-
-def _json(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return response.text[:500]
-
-
-def _load_tokenizer(config: SglangEngineConfig) -> Any:
-    from transformers import AutoTokenizer
-
-    source = config.tokenizer or config.model
-    try:
-        return AutoTokenizer.from_pretrained(source, local_files_only=True)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot load the tokenizer from {source!r} on this machine: {exc}. Set [engine] "
-            f"tokenizer to a local folder with the model's tokenizer files"
-        ) from exc
 
 
 def _experts_per_token(config: SglangEngineConfig) -> int:
@@ -404,38 +320,15 @@ async def start_engines(config: SglangEngineConfig) -> list[SglangEngine]:
     tokenizer and one weights folder (each update is written once)."""
     if not config.urls:
         find_python(config)  # a launch that cannot start fails before the tokenizer loads
-    tokenizer = await asyncio.to_thread(_load_tokenizer, config)
+    tokenizer = await asyncio.to_thread(load_tokenizer, config)
     weights = weight_folders(config)
-    urls = list(config.urls) or [None] * config.replicas
-    engines = [
-        SglangEngine(config, url=u, index=i, tokenizer=tokenizer, weights=weights)
-        for i, u in enumerate(urls)
-    ]
-    results = await asyncio.gather(*(e.start() for e in engines), return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
-        raise errors[0]
-    return engines
+    return await start_replicas(
+        lambda url, i: SglangEngine(config, url=url, index=i, tokenizer=tokenizer, weights=weights),
+        urls=config.urls,
+        replicas=config.replicas,
+    )
 
 
 def create_engine(config: SglangEngineConfig | None = None) -> SglangEngine | LoadBalancer:
     """The registered factory: one server's engine, or a balancer over several."""
-    config = config or SglangEngineConfig()
-    engines = _run_sync(start_engines(config))
-    if len(engines) == 1:
-        return engines[0]
-    return LoadBalancer(engines, names=[e.url for e in engines])
-
-
-def _run_sync(coro: Any) -> Any:
-    """Run ``coro`` to completion from synchronous code, even inside a running loop (then
-    on a helper thread with its own loop; the engines make a fresh HTTP client per loop)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+    return balanced(run_sync(start_engines(config or SglangEngineConfig())))

@@ -10,11 +10,9 @@ from urllib.parse import urlparse
 
 import httpx
 
+from slr.engines.preflight import DOC, launch_headroom, model_cards, replica_gpus
 from slr.preflight import CheckResult, Context, fatal, ok, warn
-from slr.preflight.gpus import gpu_headroom
 
-DOC = "docs/troubleshooting/startup.md#engine-unreachable"
-HEALTH_TIMEOUT_S = 10.0
 _LOCAL = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 
@@ -26,15 +24,7 @@ def check_config(ctx: Context) -> list[CheckResult] | None:
     if not _applies(ctx):
         return None
     o = ctx.options("engine")
-    found = []
-    if not o.urls and o.gpus_per_replica and len(o.gpus_per_replica) != o.replicas:
-        found.append(
-            fatal(
-                f"engine.replicas = {o.replicas} but engine.gpus_per_replica lists "
-                f"{len(o.gpus_per_replica)} GPU set(s) ({o.gpus_per_replica})",
-                fix="give one CUDA_VISIBLE_DEVICES value per replica, or set replicas to match",
-            )
-        )
+    found = [r for r in [replica_gpus(o)] if r is not None]
     remote = [u for u in o.urls if urlparse(u).hostname not in _LOCAL]
     if remote and o.weight_update == "disk" and not o.weights_dir and ctx.purpose == "run":
         found.append(
@@ -80,22 +70,12 @@ def check_servers(ctx: Context) -> list[CheckResult] | None:
             )
         else:
             results.append(ok(f"SGLang importable by {python}"))
-        per = [len(g.split(",")) for g in o.gpus_per_replica] or [1] * o.replicas
-        results.append(
-            gpu_headroom(
-                f"{o.replicas} SGLang server(s) to launch",
-                sum(per),
-                fix="launch the servers on a GPU machine and attach with engine.urls, or use "
-                "--engine hf on a CPU",
-            )
-        )
+        results.append(launch_headroom(o, label="SGLang"))
         return results
     results = []
     for url in o.urls:
         try:
-            response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=HEALTH_TIMEOUT_S)
-            response.raise_for_status()
-            cards = response.json().get("data", [])
+            cards = model_cards(url)
         except (httpx.HTTPError, ValueError) as exc:
             results.append(
                 fatal(

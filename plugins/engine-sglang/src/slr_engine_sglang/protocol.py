@@ -35,6 +35,7 @@ from attrs import frozen
 
 from slr.contracts import ContextOverflow, SamplingParams
 from slr.contracts.records import FinishReason
+from slr.engines.protocol import error_message
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 # SGLang's two context errors: the prompt alone, and prompt + max_new_tokens
@@ -231,21 +232,11 @@ def context_overflow(message: str, *, prompt_tokens: int, max_context: int) -> E
 
 def error_for(status: int, data: Any, *, prompt_tokens: int, max_context: int) -> Exception:
     """The exception for a 4xx answer: ``ContextOverflow`` when the prompt was too long."""
-    message = _message(data)
-    for pattern in _CONTEXT:
-        match = pattern.search(message)
-        if match is not None:
-            return ContextOverflow(prompt_tokens, int(match.group(1)) or max_context)
+    message = error_message(data)
+    overflow = context_overflow(message, prompt_tokens=prompt_tokens, max_context=max_context)
+    if overflow is not None:
+        return overflow
     return ValueError(f"SGLang rejected the request (HTTP {status}): {message}")
-
-
-def _message(data: Any) -> str:
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict):
-            return str(err.get("message", err))
-        return str(err)
-    return str(data)
 
 
 def _short(obj: Any, limit: int = 300) -> str:

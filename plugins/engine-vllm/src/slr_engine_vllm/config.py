@@ -1,4 +1,5 @@
-"""The ``vllm`` engine's options (the ``[engine]`` section when ``name = "vllm"``)."""
+"""The ``vllm`` engine's options (the ``[engine]`` section when ``name = "vllm"``): the
+shared ``ServerOptions`` and vLLM's own."""
 
 from __future__ import annotations
 
@@ -7,43 +8,14 @@ from typing import Literal
 from attrs import frozen, validators
 
 from slr.config import option
+from slr.engines.options import ServerOptions
 
 
 @frozen(kw_only=True)
-class VllmEngineConfig:
-    model: str = option(
-        "", doc="Model for `vllm serve` (a local folder or a hub id the GPU nodes can load)."
-    )
-    tokenizer: str = option(
-        "", doc="Local tokenizer folder for prompts; empty means the same as `model`."
-    )
-    urls: list[str] = option(
-        factory=list,
-        doc="Attach to these running servers (http://host:port) instead of launching any.",
-    )
-    replicas: int = option(
-        1, doc="Servers to launch when `urls` is empty.", validator=validators.ge(1)
-    )
-    gpus_per_replica: list[str] = option(
-        factory=list,
-        doc="CUDA_VISIBLE_DEVICES for each launched server, e.g. ['0', '1'] or ['0,1', '2,3'].",
-    )
+class VllmEngineConfig(ServerOptions):
     executable: str = option("vllm", doc="The vLLM command to launch (found on PATH).")
-    host: str = option("127.0.0.1", doc="Address launched servers bind to.")
-    base_port: int = option(
-        0, doc="First port for launched servers (0: free ports).", validator=validators.ge(0)
-    )
-    served_model_name: str = option("slr-policy", doc="Name the servers serve the model as.")
-    max_context: int = option(
-        0,
-        doc="--max-model-len for launched servers; 0 asks the server.",
-        validator=validators.ge(0),
-    )
     extra_args: list[str] = option(
         factory=list, doc="More `vllm serve` arguments, e.g. ['--tensor-parallel-size', '2']."
-    )
-    return_routed_experts: bool = option(
-        False, doc="Launch with --enable-return-routed-experts and record MoE routing."
     )
     weight_transfer: Literal["nccl", "none"] = option(
         "nccl",
@@ -74,10 +46,3 @@ class VllmEngineConfig:
         doc="Allow top_k / top_p. vLLM then reports log-probs renormalized over the kept "
         "tokens, which is not the trainer's definition; off by default for that reason.",
     )
-    startup_timeout_s: float = option(
-        1800.0, doc="How long a launched server may take to become healthy."
-    )
-    request_timeout_s: float = option(
-        900.0, doc="Longest a single generate call may take before the server counts as hung."
-    )
-    log_dir: str = option("", doc="Folder for launched servers' logs (empty: a temp folder).")

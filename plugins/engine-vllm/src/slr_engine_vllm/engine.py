@@ -24,6 +24,15 @@ from slr.contracts import (
 )
 from slr.contracts.engine import check_update_mode
 from slr.contracts.weights import WeightUpdate, is_lora
+from slr.engines.protocol import response_json
+from slr.engines.remote import (
+    HttpEngine,
+    balanced,
+    load_tokenizer,
+    run_sync,
+    start_replicas,
+)
+from slr.engines.server import ServerProcess
 from slr.errors import UsageError
 from slr_engine_vllm.config import VllmEngineConfig
 from slr_engine_vllm.protocol import (
@@ -33,20 +42,24 @@ from slr_engine_vllm.protocol import (
     parse_chunk,
     parse_completion,
 )
-from slr_engine_vllm.server import VllmServer
+from slr_engine_vllm.server import launch_server
 from slr_engine_vllm.weights import Transport, WeightSync
 
 log = structlog.get_logger()
 
 
-class VllmEngine:
+class VllmEngine(HttpEngine):
     """Implements ``slr.contracts.Engine`` against one vLLM server.
 
     ``await engine.start()`` launches the server (or checks an attached one) and learns
-    its context length; ``create_engine`` does that for the run. A transport error, a 5xx
+    its context length (``slr.engines.remote.HttpEngine``); ``create_engine`` does that
+    for the run. A transport error, a 5xx
     or a dead process raises ``EngineUnavailable`` (the balancer then fails over); a 4xx
     raises ``ValueError`` or ``ContextOverflow`` (the request itself was wrong).
     """
+
+    label = "vLLM"
+    config: VllmEngineConfig
 
     def __init__(
         self,
@@ -58,78 +71,33 @@ class VllmEngine:
         client: httpx.AsyncClient | None = None,
         transport: Transport | None = None,
     ) -> None:
-        self.config = config
-        self.index = index
-        self.server: VllmServer | None = None
-        self._url = url.rstrip("/") if url else None
-        self._tokenizer = tokenizer
-        self._client = client
-        self._client_loop: Any = asyncio.get_running_loop() if client is not None else None
-        self._max_context = config.max_context
-        self._version = 0
-        self._closed = False
-        self._updating: asyncio.Event | None = None
+        super().__init__(config, url=url, index=index, tokenizer=tokenizer, client=client)
         self._adapter: str | None = None  # the LoRA adapter's name once one is loaded
         self._lora_dir: Path | None = None
         self._weights = WeightSync(
             transport=transport, trainer_address=config.trainer_address or None
         )
 
-    @property
-    def url(self) -> str:
-        if self._url is None:
-            raise EngineUnavailable("this vLLM engine is not started; await engine.start()")
-        return self._url
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """An HTTP client for the running event loop (a client's pool belongs to one loop)."""
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.config.request_timeout_s, connect=10.0)
-            )
-            self._client_loop = loop
-        return self._client
+    def launch(self) -> ServerProcess:
+        return launch_server(self.config, index=self.index)
 
     async def start(self) -> VllmEngine:
-        if self._url is None:
-            self.server = VllmServer(self.config, index=self.index)
-            self._url = self.server.url
-            await self.server.wait_ready(self.client, self.config.startup_timeout_s)
-        if not self._max_context:
-            self._max_context = await self._ask_max_context()
-        if self._tokenizer is None:
-            self._tokenizer = await asyncio.to_thread(_load_tokenizer, self.config)
+        await super().start()
         return self
 
-    async def _ask_max_context(self) -> int:
-        try:
-            response = await self.client.get(f"{self.url}/v1/models", timeout=30)
-            response.raise_for_status()
-            for model in response.json().get("data", []):
-                if model.get("id") == self.config.served_model_name and model.get("max_model_len"):
-                    return int(model["max_model_len"])
-        except (httpx.HTTPError, ValueError) as exc:
-            raise EngineUnavailable(f"could not read {self.url}/v1/models: {exc}") from exc
-        raise UsageError(
+    def pick_max_context(self, cards: list[dict[str, Any]]) -> int | None:
+        for card in cards:  # the card of the model we serve: a server may serve several
+            if card.get("id") == self.config.served_model_name and card.get("max_model_len"):
+                return int(card["max_model_len"])
+        return None
+
+    def no_max_context(self) -> UsageError:
+        return UsageError(
             f"{self.url} does not serve {self.config.served_model_name!r} with a max_model_len; "
             f"set [engine] served_model_name to what the server serves, or max_context"
         )
 
     # -- the Engine protocol --------------------------------------------------------------
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def max_context(self) -> int:
-        return self._max_context
-
-    @property
-    def weights_version(self) -> int:
-        return self._version
 
     async def _request(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, stream: bool
@@ -148,8 +116,7 @@ class VllmEngine:
         )
         if stream:
             body["stream"] = True
-        while self._updating is not None:  # no generation starts during a weight swap
-            await self._updating.wait()
+        await self._no_swap()
         return body, self._version
 
     async def generate(
@@ -162,14 +129,10 @@ class VllmEngine:
                 f"{self.url}/v1/completions", json=body, headers=headers
             )
         except httpx.TransportError as exc:
-            raise EngineUnavailable(
-                f"vLLM server {self.url} did not answer: {type(exc).__name__}: {exc}"
-            ) from exc
-        data = _json(response)
+            raise self._unanswered(exc) from exc
+        data = response_json(response)
         if response.status_code >= 500:
-            raise EngineUnavailable(
-                f"vLLM server {self.url} failed (HTTP {response.status_code}): {data}"
-            )
+            raise self._server_error(response.status_code, data)
         if response.status_code >= 400:
             raise error_for(
                 response.status_code,
@@ -210,11 +173,9 @@ class VllmEngine:
             ) as response:
                 if response.status_code >= 400:
                     await response.aread()
-                    data = _json(response)
+                    data = response_json(response)
                     if response.status_code >= 500:
-                        raise EngineUnavailable(
-                            f"vLLM server {self.url} failed (HTTP {response.status_code}): {data}"
-                        )
+                        raise self._server_error(response.status_code, data)
                     raise error_for(
                         response.status_code, data, prompt_tokens=n, max_context=self._max_context
                     )
@@ -231,9 +192,7 @@ class VllmEngine:
                     if chunk.finish_reason is not None:
                         return
         except httpx.TransportError as exc:
-            raise EngineUnavailable(
-                f"vLLM server {self.url} did not answer: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise self._unanswered(exc) from exc
         except (ProtocolError, json.JSONDecodeError) as exc:
             raise EngineUnavailable(f"vLLM server {self.url}: {exc}") from exc
         raise EngineUnavailable(f"vLLM server {self.url} ended the stream without a finish_reason")
@@ -304,82 +263,17 @@ class VllmEngine:
         self._version = new_version
         return new_version
 
-    async def health(self) -> bool:
-        if self._closed or (self.server is not None and not self.server.running):
-            return False
-        try:
-            response = await self.client.get(f"{self.url}/health", timeout=10)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self.server is not None:
-            await asyncio.to_thread(self.server.stop)
-        if self._client is not None and self._client_loop is asyncio.get_running_loop():
-            await self._client.aclose()
-        self._client = None
-
-
-def _json(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return response.text[:500]
-
-
-def _load_tokenizer(config: VllmEngineConfig) -> Any:
-    from transformers import AutoTokenizer
-
-    source = config.tokenizer or config.model
-    try:
-        return AutoTokenizer.from_pretrained(source, local_files_only=True)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot load the tokenizer from {source!r} on this machine: {exc}. Set [engine] "
-            f"tokenizer to a local folder with the model's tokenizer files"
-        ) from exc
-
 
 async def start_engines(config: VllmEngineConfig) -> list[VllmEngine]:
     """Start (or attach to) every configured server, concurrently."""
-    tokenizer = await asyncio.to_thread(_load_tokenizer, config)
-    if config.urls:
-        engines = [
-            VllmEngine(config, url=u, index=i, tokenizer=tokenizer)
-            for i, u in enumerate(config.urls)
-        ]
-    else:
-        engines = [VllmEngine(config, index=i, tokenizer=tokenizer) for i in range(config.replicas)]
-    results = await asyncio.gather(*(e.start() for e in engines), return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
-        raise errors[0]
-    return engines
+    tokenizer = await asyncio.to_thread(load_tokenizer, config)
+    return await start_replicas(
+        lambda url, i: VllmEngine(config, url=url, index=i, tokenizer=tokenizer),
+        urls=config.urls,
+        replicas=config.replicas,
+    )
 
 
 def create_engine(config: VllmEngineConfig | None = None) -> VllmEngine | LoadBalancer:
     """The registered factory: one server's engine, or a balancer over several."""
-    config = config or VllmEngineConfig()
-    engines = _run_sync(start_engines(config))
-    if len(engines) == 1:
-        return engines[0]
-    return LoadBalancer(engines, names=[e.url for e in engines])
-
-
-def _run_sync(coro: Any) -> Any:
-    """Run ``coro`` to completion from synchronous code, even inside a running loop (then
-    on a helper thread with its own loop: construction blocks, like loading a model does;
-    the engines make a fresh HTTP client per event loop, so nothing is tied to that one)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+    return balanced(run_sync(start_engines(config or VllmEngineConfig())))

@@ -8,11 +8,8 @@ import shutil
 
 import httpx
 
+from slr.engines.preflight import DOC, launch_headroom, model_cards, replica_gpus
 from slr.preflight import CheckResult, Context, fatal, ok, warn
-from slr.preflight.gpus import gpu_headroom
-
-DOC = "docs/troubleshooting/startup.md#engine-unreachable"
-HEALTH_TIMEOUT_S = 10.0
 
 
 def _applies(ctx: Context) -> bool:
@@ -23,15 +20,7 @@ def check_config(ctx: Context) -> list[CheckResult] | None:
     if not _applies(ctx):
         return None
     o = ctx.options("engine")
-    found = []
-    if not o.urls and o.gpus_per_replica and len(o.gpus_per_replica) != o.replicas:
-        found.append(
-            fatal(
-                f"engine.replicas = {o.replicas} but engine.gpus_per_replica lists "
-                f"{len(o.gpus_per_replica)} GPU set(s) ({o.gpus_per_replica})",
-                fix="give one CUDA_VISIBLE_DEVICES value per replica, or set replicas to match",
-            )
-        )
+    found = [r for r in [replica_gpus(o)] if r is not None]
     if o.allow_truncated_logprobs and ctx.purpose == "run" and ctx.config.rollout.top_p < 1.0:
         found.append(
             warn(
@@ -43,12 +32,6 @@ def check_config(ctx: Context) -> list[CheckResult] | None:
             )
         )
     return found or [ok(f"{len(o.urls) or o.replicas} vLLM server(s) configured")]
-
-
-def _served(url: str) -> list[str]:
-    response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=HEALTH_TIMEOUT_S)
-    response.raise_for_status()
-    return [str(m.get("id")) for m in response.json().get("data", [])]
 
 
 def check_servers(ctx: Context) -> list[CheckResult] | None:
@@ -72,20 +55,12 @@ def check_servers(ctx: Context) -> list[CheckResult] | None:
             )
         else:
             results.append(ok(f"vLLM command at {exe}"))
-        per = [len(g.split(",")) for g in o.gpus_per_replica] or [1] * o.replicas
-        results.append(
-            gpu_headroom(
-                f"{o.replicas} vLLM server(s) to launch",
-                sum(per),
-                fix="launch the servers on a GPU machine and attach with engine.urls, or use "
-                "--engine hf on a CPU",
-            )
-        )
+        results.append(launch_headroom(o, label="vLLM"))
         return results
     results = []
     for url in o.urls:
         try:
-            served = _served(url)
+            served = [str(card.get("id")) for card in model_cards(url)]
         except (httpx.HTTPError, ValueError) as exc:
             results.append(
                 fatal(

@@ -44,6 +44,7 @@ from slr.contracts import (
     SamplingParams,
 )
 from slr.contracts.records import FinishReason
+from slr.engines.protocol import error_message
 
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 _CONTEXT = re.compile(r"maximum (?:context|model) length is (\d+)", re.IGNORECASE)
@@ -181,20 +182,11 @@ def _tokens(choice: dict[str, Any], *, allow_empty: bool = False) -> tuple[list[
 
 def error_for(status: int, data: Any, *, prompt_tokens: int, max_context: int) -> Exception:
     """The exception for a 4xx answer: ``ContextOverflow`` when the prompt was too long."""
-    message = _message(data)
+    message = error_message(data)
     match = _CONTEXT.search(message)
     if match is not None:
         return ContextOverflow(prompt_tokens, int(match.group(1)) or max_context)
     return ValueError(f"vLLM rejected the request (HTTP {status}): {message}")
-
-
-def _message(data: Any) -> str:
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict):
-            return str(err.get("message", err))
-        return str(err)
-    return str(data)
 
 
 def _short(obj: Any, limit: int = 300) -> str:
