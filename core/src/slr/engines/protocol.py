@@ -3,6 +3,8 @@ text) and the message of its error bodies. No HTTP client here: protocol modules
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,3 +27,21 @@ def error_message(data: Any) -> str:
             return str(err.get("message", err))
         return str(err)
     return str(data)
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[Any]:
+    """The decoded JSON of each ``data:`` event of a streamed answer, up to ``[DONE]``
+    (a payload that is not JSON raises ``json.JSONDecodeError``)."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        yield json.loads(payload)
+
+
+def short_repr(obj: Any, limit: int = 300) -> str:
+    """``repr(obj)`` cut to ``limit`` characters, for error messages that quote an answer."""
+    text = repr(obj)
+    return text if len(text) <= limit else text[:limit] + "..."

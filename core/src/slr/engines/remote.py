@@ -11,7 +11,8 @@ every configured server started at once, behind the ``LoadBalancer`` when there 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
 import httpx
@@ -147,6 +148,16 @@ class HttpEngine:
         """Wait until no weight swap is under way."""
         while self._updating is not None:
             await self._updating.wait()
+
+    @contextlib.asynccontextmanager
+    async def _swap(self) -> AsyncIterator[None]:
+        """Hold new generations back (``_no_swap``) while the block swaps the weights."""
+        self._updating = asyncio.Event()
+        try:
+            yield
+        finally:
+            event, self._updating = self._updating, None
+            event.set()
 
     def _server_error(self, status: int, data: Any) -> EngineUnavailable:
         return EngineUnavailable(f"{self.label} server {self.url} failed (HTTP {status}): {data}")

@@ -32,7 +32,7 @@ from slr.contracts import (
 )
 from slr.contracts.engine import check_update_mode
 from slr.contracts.weights import require_full
-from slr.engines.protocol import response_json
+from slr.engines.protocol import response_json, sse_data
 from slr.engines.remote import (
     HttpEngine,
     balanced,
@@ -177,13 +177,7 @@ class SglangEngine(HttpEngine):
                 if response.status_code >= 400:
                     await response.aread()
                     raise self._error(response.status_code, response_json(response), prompt_tokens)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    data = json.loads(payload)
+                async for data in sse_data(response):
                     if isinstance(data, dict) and "error" in data and "meta_info" not in data:
                         raise self._error(400, data, prompt_tokens)
                     piece = read_output(
@@ -258,8 +252,7 @@ class SglangEngine(HttpEngine):
                 "'disk' to push weights from the trainer"
             )
         new_version = version if version is not None else self._version + 1
-        self._updating = asyncio.Event()
-        try:
+        async with self._swap():
             running = dict(self._inflight)
             if mode == "partial":
                 self._preempted.update(running)
@@ -270,9 +263,6 @@ class SglangEngine(HttpEngine):
             self._version = new_version
             await asyncio.to_thread(self._weights.prune, new_version)
             return new_version
-        finally:
-            event, self._updating = self._updating, None
-            event.set()
 
     async def _load(self, folder: Path, version: int) -> None:
         url = f"{self.url}/update_weights_from_disk"

@@ -35,7 +35,7 @@ from attrs import frozen
 
 from slr.contracts import ContextOverflow, SamplingParams
 from slr.contracts.records import FinishReason
-from slr.engines.protocol import error_message
+from slr.engines.protocol import error_message, short_repr
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 # SGLang's two context errors: the prompt alone, and prompt + max_new_tokens
@@ -115,15 +115,15 @@ class Piece:
 def read_output(data: Any, *, seen: int, prompt_tokens: int, experts_per_token: int = 0) -> Piece:
     """The new tokens in one ``/generate`` answer, given ``seen`` tokens already read."""
     if isinstance(data, dict) and "error" in data:
-        raise ProtocolError(f"the server reported an error: {_short(data['error'])}")
+        raise ProtocolError(f"the server reported an error: {short_repr(data['error'])}")
     if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
-        raise ProtocolError(f"not a /generate answer (no meta_info): {_short(data)}")
+        raise ProtocolError(f"not a /generate answer (no meta_info): {short_repr(data)}")
     meta = data["meta_info"]
     entries = meta.get("output_token_logprobs")
     if entries is None:
         raise ProtocolError(
             "answer has no output_token_logprobs; the request asked for them "
-            f"(return_logprob=true): {_short(meta)}"
+            f"(return_logprob=true): {short_repr(meta)}"
         )
     completion = int(meta.get("completion_tokens", seen + len(entries)))
     if len(entries) == completion:  # cumulative (SGLang's default streaming, or one answer)
@@ -237,8 +237,3 @@ def error_for(status: int, data: Any, *, prompt_tokens: int, max_context: int) -
     if overflow is not None:
         return overflow
     return ValueError(f"SGLang rejected the request (HTTP {status}): {message}")
-
-
-def _short(obj: Any, limit: int = 300) -> str:
-    text = repr(obj)
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -24,7 +24,7 @@ from slr.contracts import (
 )
 from slr.contracts.engine import check_update_mode
 from slr.contracts.weights import WeightUpdate, is_lora
-from slr.engines.protocol import response_json
+from slr.engines.protocol import response_json, sse_data
 from slr.engines.remote import (
     HttpEngine,
     balanced,
@@ -179,15 +179,8 @@ class VllmEngine(HttpEngine):
                     raise error_for(
                         response.status_code, data, prompt_tokens=n, max_context=self._max_context
                     )
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    chunk = parse_chunk(
-                        json.loads(payload), prompt_tokens=n, weights_version=version
-                    )
+                async for data in sse_data(response):
+                    chunk = parse_chunk(data, prompt_tokens=n, weights_version=version)
                     yield chunk
                     if chunk.finish_reason is not None:
                         return
@@ -221,15 +214,11 @@ class VllmEngine(HttpEngine):
                 "this vLLM engine is configured with weight_transfer = 'none'; set it to "
                 "'nccl' to push weights from the trainer"
             )
-        self._updating = asyncio.Event()
-        try:
+        async with self._swap():
             new_version = version if version is not None else self._version + 1
             await self._weights.push(state_dict, url=self.url, client=self.client)
             self._version = new_version
             return new_version
-        finally:
-            event, self._updating = self._updating, None
-            event.set()
 
     async def _load_adapter(self, update: WeightUpdate, version: int | None) -> int:
         spec = update.lora
@@ -248,14 +237,10 @@ class VllmEngine(HttpEngine):
             self._lora_dir = Path(tempfile.mkdtemp(prefix=f"lora-{self.index}-", dir=base))
         name = f"{self.config.served_model_name}-lora"
         folder = self._lora_dir / f"v{new_version:06d}"
-        self._updating = asyncio.Event()
-        try:
+        async with self._swap():
             await self._weights.load_adapter(
                 update, url=self.url, client=self.client, name=name, folder=folder
             )
-        finally:
-            event, self._updating = self._updating, None
-            event.set()
         for old in self._lora_dir.iterdir():  # the server holds the adapter in memory now
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)

@@ -44,7 +44,7 @@ from slr.contracts import (
     SamplingParams,
 )
 from slr.contracts.records import FinishReason
-from slr.engines.protocol import error_message
+from slr.engines.protocol import error_message, short_repr
 
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 _CONTEXT = re.compile(r"maximum (?:context|model) length is (\d+)", re.IGNORECASE)
@@ -148,7 +148,7 @@ def _choice(data: Any) -> dict[str, Any]:
     try:
         return data["choices"][0]
     except (KeyError, IndexError, TypeError):
-        raise ProtocolError(f"response has no choices: {_short(data)}") from None
+        raise ProtocolError(f"response has no choices: {short_repr(data)}") from None
 
 
 def _tokens(choice: dict[str, Any], *, allow_empty: bool = False) -> tuple[list[int], list[float]]:
@@ -160,7 +160,7 @@ def _tokens(choice: dict[str, Any], *, allow_empty: bool = False) -> tuple[list[
     if tokens is None or values is None:
         raise ProtocolError(
             "response has no per-token logprobs; the request asked for them (logprobs=1): "
-            f"{_short(choice)}"
+            f"{short_repr(choice)}"
         )
     ids = choice.get("token_ids")
     if ids is None:
@@ -174,7 +174,9 @@ def _tokens(choice: dict[str, Any], *, allow_empty: bool = False) -> tuple[list[
                 )
             ids.append(int(match.group(1)))
     if len(ids) != len(values):
-        raise ProtocolError(f"{len(ids)} token ids but {len(values)} logprobs in {_short(choice)}")
+        raise ProtocolError(
+            f"{len(ids)} token ids but {len(values)} logprobs in {short_repr(choice)}"
+        )
     if any(v is None for v in values):
         raise ProtocolError(f"a sampled token has no logprob: {values}")
     return [int(t) for t in ids], [float(v) for v in values]
@@ -187,8 +189,3 @@ def error_for(status: int, data: Any, *, prompt_tokens: int, max_context: int) -
     if match is not None:
         return ContextOverflow(prompt_tokens, int(match.group(1)) or max_context)
     return ValueError(f"vLLM rejected the request (HTTP {status}): {message}")
-
-
-def _short(obj: Any, limit: int = 300) -> str:
-    text = repr(obj)
-    return text if len(text) <= limit else text[:limit] + "..."
