@@ -18,7 +18,45 @@ _MOVED = "moved to [algorithm] (verl's algorithm.{0}, shared with every optimize
 
 
 @frozen(kw_only=True)
-class TorchOptimizerConfig:
+class TrainerOptions:
+    """The ``[optimizer]`` options every trainer has, by the same names and meanings (the
+    verl optimizer subclasses it too; docs/training.md maps each to verl's config path)."""
+
+    lr: float = option(1e-6, doc="AdamW learning rate.", validator=validators.gt(0.0))
+    weight_decay: float = option(0.01, doc="AdamW weight decay.", validator=validators.ge(0.0))
+    betas: tuple[float, float] = option((0.9, 0.999), doc="AdamW betas.")
+    eps: float = option(1e-8, doc="AdamW epsilon.", validator=validators.gt(0.0))
+    clip_grad: float = option(
+        1.0,
+        doc="Clip the global gradient norm to this (0: no clipping).",
+        validator=validators.ge(0.0),
+    )
+    ppo_epochs: int = option(1, doc="Passes over the batch per step.", validator=validators.ge(1))
+    ppo_mini_batch_size: int = option(
+        0,
+        doc="Groups (verl: prompts) per mini-batch, one optimizer update each: an epoch "
+        "shuffles the step's groups and splits them into mini-batches of this many (the "
+        "last may be smaller). 0: the whole batch, one update per epoch.",
+        validator=validators.ge(0),
+    )
+    drop_zero_variance_groups: bool = option(
+        True,
+        doc="Leave out groups of two or more trials whose rewards are all equal (they carry no "
+        "group-relative signal); they are counted in the metrics either way.",
+    )
+    gradient_checkpointing: bool = option(
+        False, doc="Trade compute for memory in the forward/backward."
+    )
+    pass_threshold: float = option(
+        1.0, doc="A trial counts as passed in the metrics when its reward is at least this."
+    )
+    seed: int = option(
+        0, doc="Seed for mini-batch shuffling (saved and restored with checkpoints)."
+    )
+
+
+@frozen(kw_only=True)
+class TorchOptimizerConfig(TrainerOptions):
     RENAMED: ClassVar[dict[str, str]] = {
         "ppo_mini_batches": "it was a count of mini-batches; write ppo_mini_batch_size, "
         "verl's size: groups (prompts) per mini-batch, 0 for the whole batch",
@@ -48,15 +86,6 @@ class TorchOptimizerConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = option(
         "float32", doc="Parameter dtype; float32 on CPU, bfloat16 on a GPU."
     )
-    lr: float = option(1e-6, doc="AdamW learning rate.", validator=validators.gt(0.0))
-    weight_decay: float = option(0.01, doc="AdamW weight decay.", validator=validators.ge(0.0))
-    betas: tuple[float, float] = option((0.9, 0.999), doc="AdamW betas.")
-    eps: float = option(1e-8, doc="AdamW epsilon.", validator=validators.gt(0.0))
-    clip_grad: float = option(
-        1.0,
-        doc="Clip the global gradient norm to this (0: no clipping).",
-        validator=validators.ge(0.0),
-    )
     micro_batch_tokens: int = option(
         4096,
         doc="Most tokens in one forward/backward: packed positions of its prefix tree (pack = "
@@ -77,23 +106,10 @@ class TorchOptimizerConfig:
         "none (each row on its own, prefix and all). tree falls back to none, logged, for "
         "a model whose attention cannot take the tree mask exactly.",
     )
-    ppo_epochs: int = option(1, doc="Passes over the batch per step.", validator=validators.ge(1))
-    ppo_mini_batch_size: int = option(
-        0,
-        doc="Groups (verl: prompts) per mini-batch, one optimizer update each: an epoch "
-        "shuffles the step's groups and splits them into mini-batches of this many (the "
-        "last may be smaller). 0: the whole batch, one update per epoch.",
-        validator=validators.ge(0),
-    )
     old_logprobs: Literal["recompute", "rollout"] = option(
         "recompute",
         doc="The PPO ratio's denominator: recompute (the trainer's own log-probs before the "
         "update, as verl does) or rollout (the engine's behaviour log-probs).",
-    )
-    drop_zero_variance_groups: bool = option(
-        True,
-        doc="Leave out groups of two or more trials whose rewards are all equal (they carry no "
-        "group-relative signal); they are counted in the metrics either way.",
     )
     value_coef: float = option(
         0.5, doc="gae only: weight of the value loss (the value head shares the policy's trunk)."
@@ -119,13 +135,4 @@ class TorchOptimizerConfig:
         doc="Dropout on the adapter's input, in the training forward only (the log-prob "
         "passes and the engines run without it).",
         validator=[validators.ge(0.0), validators.lt(1.0)],
-    )
-    gradient_checkpointing: bool = option(
-        False, doc="Trade compute for memory in the forward/backward."
-    )
-    pass_threshold: float = option(
-        1.0, doc="A trial counts as passed in the metrics when its reward is at least this."
-    )
-    seed: int = option(
-        0, doc="Seed for mini-batch shuffling (saved and restored with checkpoints)."
     )

@@ -1,8 +1,8 @@
 """``[optimizer]`` options of the verl optimizer (``name = "verl"``).
 
-An option that both trainers have keeps the torch optimizer's name and meaning (the verl
-name table in docs/training.md); ``verl_names.py`` maps each to verl's config path and
-back. The RL algorithm itself lives in the core ``[algorithm]`` section, shared with every
+An option that both trainers have is declared once, with the torch optimizer's name and
+meaning, in ``slr_optimizer_torch.config.TrainerOptions`` (the verl name table in
+docs/training.md); ``verl_names.py`` maps each to verl's config path and back. The RL algorithm itself lives in the core ``[algorithm]`` section, shared with every
 optimizer.
 """
 
@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Literal
 
 from attrs import frozen, validators
+from slr_optimizer_torch.config import TrainerOptions
 
 from slr.config import option
 
 
 @frozen(kw_only=True)
-class VerlOptimizerConfig:
+class VerlOptimizerConfig(TrainerOptions):
     model: str = option(
         "",
         doc="Model to train: a Hugging Face model folder, or a name the hf engine resolves "
@@ -45,47 +46,16 @@ class VerlOptimizerConfig:
         doc="Attention kernel of the trained model (verl's default, flash_attention_2, needs "
         "the flash-attn package and a GPU).",
     )
-    lr: float = option(1e-6, doc="AdamW learning rate.", validator=validators.gt(0.0))
-    weight_decay: float = option(0.01, doc="AdamW weight decay.", validator=validators.ge(0.0))
-    betas: tuple[float, float] = option((0.9, 0.999), doc="AdamW betas.")
-    eps: float = option(1e-8, doc="AdamW epsilon.", validator=validators.gt(0.0))
-    clip_grad: float = option(
-        1.0,
-        doc="Clip the global gradient norm to this (0: no clipping).",
-        validator=validators.ge(0.0),
-    )
     micro_batch_tokens: int = option(
         4096,
         doc="Most tokens (without padding) in one forward/backward: verl's dynamic batch "
         "size; gradients accumulate over micro-batches.",
         validator=validators.ge(1),
     )
-    ppo_epochs: int = option(1, doc="Passes over the batch per step.", validator=validators.ge(1))
-    ppo_mini_batch_size: int = option(
-        0,
-        doc="Groups (verl: prompts) per mini-batch, one optimizer update each: an epoch "
-        "shuffles the step's groups and splits them into mini-batches of this many (the "
-        "last may be smaller). 0: the whole batch, one update per epoch.",
-        validator=validators.ge(0),
-    )
     old_logprobs: Literal["recompute", "rollout"] = option(
         "recompute",
         doc="The PPO ratio's denominator: recompute (verl's forward-only pass before the "
         "update) or rollout (the engine's behaviour log-probs).",
-    )
-    drop_zero_variance_groups: bool = option(
-        True,
-        doc="Leave out groups of two or more trials whose rewards are all equal (they carry no "
-        "group-relative signal); they are counted in the metrics either way.",
-    )
-    gradient_checkpointing: bool = option(
-        False, doc="Trade compute for memory in the forward/backward."
-    )
-    pass_threshold: float = option(
-        1.0, doc="A trial counts as passed in the metrics when its reward is at least this."
-    )
-    seed: int = option(
-        0, doc="Seed for mini-batch shuffling (saved and restored with checkpoints)."
     )
     weight_bucket_bytes: int = option(
         256 * 1024 * 1024,
