@@ -52,10 +52,12 @@ def test_the_built_opencode_bundle_runs():
 def test_the_built_terminus_bundle_has_its_package():
     from slr_adapter_terminus.adapter import Terminus
 
-    Terminus().bundle()
+    built = Terminus().bundle()
     result, _ = bundle_check("terminus")
     assert result.status == "pass", result
     assert "harbor 0.26.0" in result.message
+    # the bundle the adapter runs, not an older build of another recipe left in the cache
+    assert f"at {built.path}:" in result.message, result.message
 
 
 @pytest.mark.parametrize("agent", sorted(BINARIES))

@@ -25,12 +25,14 @@ def check_bundle(ctx):
     """The mini-swe-agent bundle is built and its interpreter runs and has mini-swe-agent at the configured version."""
     if not ctx.uses("agent", "mini-swe-agent"):
         return None
-    from slr.agents.bundle_recipes import python_env
+    from slr.agents.bundle_recipes import python_bundle_version, python_env
     from slr.preflight.bundles import VERSION_PROBE, bundle_runs
 
     c = ctx.options("agent")
     command = [f"python/bin/python{c.python}", "-c", VERSION_PROBE, "mini-swe-agent", c.version]
-    return bundle_runs("mini-swe-agent", f"{c.version}-py{c.python}", command, env=python_env)
+    return bundle_runs(
+        "mini-swe-agent", python_bundle_version(c.version, c.python), command, env=python_env
+    )
 
 
 @hookimpl

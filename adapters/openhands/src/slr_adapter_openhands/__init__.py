@@ -21,12 +21,14 @@ def check_bundle(ctx):
     """The openhands bundle is built and its interpreter runs and has openhands-sdk at the configured version."""
     if not ctx.uses("agent", "openhands"):
         return None
-    from slr.agents.bundle_recipes import python_env
+    from slr.agents.bundle_recipes import python_bundle_version, python_env
     from slr.preflight.bundles import VERSION_PROBE, bundle_runs
 
     c = ctx.options("agent")
     command = [f"python/bin/python{c.python}", "-c", VERSION_PROBE, "openhands-sdk", c.version]
-    return bundle_runs("openhands", f"{c.version}-py{c.python}", command, env=python_env)
+    return bundle_runs(
+        "openhands", python_bundle_version(c.version, c.python), command, env=python_env
+    )
 
 
 @hookimpl

@@ -23,12 +23,14 @@ def check_bundle(ctx):
     """The terminus bundle is built and its interpreter runs and has harbor at the configured version."""
     if ctx.config.agent.name not in ("terminus", "terminus-2"):
         return None
-    from slr.agents.bundle_recipes import python_env
+    from slr.agents.bundle_recipes import python_bundle_version, python_env
     from slr.preflight.bundles import VERSION_PROBE, bundle_runs
 
     c = ctx.options("agent")
     command = [f"python/bin/python{c.python}", "-c", VERSION_PROBE, "harbor", c.version]
-    return bundle_runs("terminus", f"{c.version}-py{c.python}", command, env=python_env)
+    return bundle_runs(
+        "terminus", python_bundle_version(c.version, c.python), command, env=python_env
+    )
 
 
 @hookimpl
