@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from slr.agents.bundle_recipes import python_bundle_version
 from slr.agents.bundles import Marker, bundles_dir
 from slr.config import load_config
 from slr.plugins import get_plugin_manager
@@ -25,7 +26,7 @@ BINARIES = {
 def bundle_folder_version(agent: str, cfg) -> str:
     options = cfg.agent.options
     python = getattr(options, "python", None)
-    return f"{options.version}-py{python}" if python else options.version
+    return python_bundle_version(options.version, python) if python else options.version
 
 
 def bundle_check(agent: str):
