@@ -115,7 +115,8 @@ class TorchOptimizer:
             if self.lora is not None:  # frozen embeddings: let checkpointed blocks backprop
                 self.model.enable_input_require_grads()
         self._set_mode()
-        self.scorer = Scorer(self.model, temperature=self.temperature)
+        fused = options.use_fused_kernels
+        self.scorer = Scorer(self.model, temperature=self.temperature, fused=fused)
         self.replay: RoutingReplay | None = None
         if algorithm.routing_replay:
             if options.gradient_checkpointing:
@@ -144,7 +145,7 @@ class TorchOptimizer:
                 )
             ref_model.to(self.device)  # pyright: ignore[reportArgumentType]  # as self.model
             ref_model = ref_model.eval().requires_grad_(False)
-            self.ref_scorer = Scorer(ref_model, temperature=self.temperature)
+            self.ref_scorer = Scorer(ref_model, temperature=self.temperature, fused=fused)
             if own_ref:
                 probed.append(self.ref_scorer)
         self.pack = options.pack == "tree" and self._tree_packs_exactly(probed)
