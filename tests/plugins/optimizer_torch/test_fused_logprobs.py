@@ -150,13 +150,17 @@ def _trials():
     return out
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
-def test_an_optimizer_step_is_the_same_fused_or_not(lora_rank):
-    algorithm = AlgorithmSection(entropy_coeff=0.01, use_kl_loss=True)
+@pytest.mark.parametrize(
+    ("lora_rank", "estimator"),
+    [(0, "grpo"), (4, "grpo"), (0, "gae")],
+    ids=["full", "lora", "gae"],  # gae: a no-grad pre-pass with the value head, then the update
+)
+def test_an_optimizer_step_is_the_same_fused_or_not(lora_rank, estimator):
+    algorithm = AlgorithmSection(adv_estimator=estimator, entropy_coeff=0.01, use_kl_loss=True)
     model = tiny_causal_lm(vocab_size=VOCAB, seed=4, init_std=0.2)
     metrics = {}
     for fused in (False, True):
-        torch.manual_seed(0)  # the same LoRA initialisation for both
+        torch.manual_seed(0)  # the same LoRA / value head initialisation for both
         opt = TorchOptimizer(
             TorchOptimizerConfig(lr=1e-3, use_fused_kernels=fused, lora_rank=lora_rank),
             algorithm=algorithm,
@@ -166,10 +170,14 @@ def test_an_optimizer_step_is_the_same_fused_or_not(lora_rank):
         assert (opt.scorer.fused is not None) == fused
         assert opt.ref_scorer is not None and (opt.ref_scorer.fused is not None) == fused
         metrics[fused] = opt.step(_trials())
-    for key in ("actor/pg_loss", "actor/entropy", "actor/kl_ref", "actor/grad_norm"):
+    keys = ["actor/pg_loss", "actor/entropy", "actor/kl_ref", "actor/grad_norm"]
+    if estimator == "gae":
+        keys += ["critic/vf_loss", "advantages/mean"]
+    for key in keys:
         assert metrics[True][key] == pytest.approx(metrics[False][key], rel=TOL, abs=TOL), key
 
 
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")  # peft, on the tied head
 def test_a_lora_adapter_on_the_head_is_refused_naming_the_fix():
     model = tiny_causal_lm(vocab_size=VOCAB, seed=0)
     with pytest.raises(
