@@ -151,18 +151,24 @@ def _trials():
 
 
 @pytest.mark.parametrize(
-    ("lora_rank", "estimator"),
-    [(0, "grpo"), (4, "grpo"), (0, "gae")],
-    ids=["full", "lora", "gae"],  # gae: a no-grad pre-pass with the value head, then the update
+    ("lora_rank", "estimator", "checkpointing"),
+    [(0, "grpo", False), (4, "grpo", False), (0, "gae", False), (4, "grpo", True)],
+    # gae: a no-grad pre-pass with the value head, then the update
+    ids=["full", "lora", "gae", "lora-checkpointed"],
 )
-def test_an_optimizer_step_is_the_same_fused_or_not(lora_rank, estimator):
+def test_an_optimizer_step_is_the_same_fused_or_not(lora_rank, estimator, checkpointing):
     algorithm = AlgorithmSection(adv_estimator=estimator, entropy_coeff=0.01, use_kl_loss=True)
     model = tiny_causal_lm(vocab_size=VOCAB, seed=4, init_std=0.2)
     metrics = {}
     for fused in (False, True):
         torch.manual_seed(0)  # the same LoRA / value head initialisation for both
         opt = TorchOptimizer(
-            TorchOptimizerConfig(lr=1e-3, use_fused_kernels=fused, lora_rank=lora_rank),
+            TorchOptimizerConfig(
+                lr=1e-3,
+                use_fused_kernels=fused,
+                lora_rank=lora_rank,
+                gradient_checkpointing=checkpointing,
+            ),
             algorithm=algorithm,
             temperature=TEMPERATURE,
             model=copy.deepcopy(model),
