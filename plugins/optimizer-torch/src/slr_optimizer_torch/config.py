@@ -136,3 +136,12 @@ class TorchOptimizerConfig(TrainerOptions):
         "passes and the engines run without it).",
         validator=[validators.ge(0.0), validators.lt(1.0)],
     )
+    use_fused_kernels: bool = option(
+        False,
+        doc="Score tokens with verl's fused linear-for-PPO (its torch backend): log-probs and "
+        "entropy from the last hidden states and the output head's weight, a chunk of 512 "
+        "positions at a time with the logits recomputed in the backward, so no tokens x "
+        "vocabulary tensor is held (the same values to float32 rounding). Needs logits that "
+        "are exactly the head's weight applied to the last hidden state (no head bias, no "
+        "LoRA on the head, no soft-capping); refused otherwise.",
+    )

@@ -84,6 +84,11 @@ class Scores:
     values: torch.Tensor | None = None
 
 
+#: Rows of hidden states per chunk of verl's fused linear-for-PPO (its own default): the
+#: most logits, ``chunk x vocabulary`` in float32, that exist at once.
+FUSED_CHUNK = 512
+
+
 class Scorer:
     """Scores the policy tokens of a micro-batch: log-probs, entropy, values.
 
@@ -92,12 +97,20 @@ class Scorer:
     its output embedding applied to its decoder's last hidden state; a one-time check on a
     short input decides, and models with extra logit processing (soft-capping, scaling) use
     the full forward instead.
+
+    ``fused`` (``[optimizer] use_fused_kernels``) goes one step further: the policy
+    positions' hidden states and the head's weight go to verl's fused linear-for-PPO
+    (``FusedLinearForPPO``, its torch backend), which computes log-probs and entropy a
+    chunk of positions at a time and recomputes each chunk's logits in the backward, so no
+    ``tokens x vocabulary`` tensor is ever held. A model whose logits are not
+    ``hidden @ head.weight.T`` (a head with a bias or a LoRA adapter, soft-capping, ...)
+    is refused, since the fused function would score a different distribution.
     """
 
-    def __init__(self, model: PreTrainedModel, *, temperature: float) -> None:
-        if temperature <= 0:
-            from slr.errors import ConfigError
+    def __init__(self, model: PreTrainedModel, *, temperature: float, fused: bool = False) -> None:
+        from slr.errors import ConfigError
 
+        if temperature <= 0:
             raise ConfigError(
                 f"rollout.temperature = {temperature} cannot be trained on: greedy decoding has "
                 f"no sampling distribution to score. Use a temperature > 0 (1.0 is usual)."
@@ -105,6 +118,38 @@ class Scorer:
         self.model = model
         self.temperature = float(temperature)
         self.selective = self._head_is_separable()
+        self.fused: Any = None  # verl's FusedLinearForPPO module when fused
+        if fused:
+            problem = self.fused_problem()
+            if problem is not None:
+                raise ConfigError(
+                    f"[optimizer] use_fused_kernels = true cannot score "
+                    f"{type(model).__name__}: {problem}. Set use_fused_kernels = false"
+                )
+            from verl.utils.experimental.torch_functional import FusedLinearForPPO
+
+            self.fused = FusedLinearForPPO(chunk_size=FUSED_CHUNK, impl_backend="torch")
+
+    def fused_problem(self) -> str | None:
+        """Why verl's fused linear-for-PPO would not score this model's logits (None: it would).
+
+        The fused function computes ``hidden @ weight.T``: the head must be a plain linear
+        layer without a bias (a peft LoRA layer on the head would be left out), and the
+        model's logits must be exactly that (no soft-capping or scaling).
+        """
+        head = self.model.get_output_embeddings()
+        if head is None or getattr(self.model, "get_decoder", None) is None:
+            return "it has no separate decoder and output head"
+        if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
+            return (
+                f"its output head is a {type(head).__name__}, not a plain linear layer (a LoRA "
+                f"adapter on the head? leave lm_head out of target_modules)"
+            )
+        if head.bias is not None:
+            return "its output head has a bias, which the fused function does not add"
+        if not self.selective:
+            return "its logits are not the output head applied to the last hidden state"
+        return None
 
     @property
     def device(self) -> torch.device:
@@ -166,8 +211,13 @@ class Scorer:
             def pick(out: torch.Tensor) -> torch.Tensor:
                 return out[0, where]
 
-        if self.selective or value_head is not None:
+        if self.fused is not None or self.selective or value_head is not None:
             hidden = pick(self.model.get_decoder()(**inputs).last_hidden_state)
+        if self.fused is not None:
+            out = self._score_fused(hidden, targets, select, entropy, entropy_grad)
+            if value_head is not None:
+                out.values = _scatter(value_head(hidden.float()).squeeze(-1), select)
+            return out
         if self.selective:
             head = self.model.get_output_embeddings()
             assert head is not None  # selective: _head_is_separable found it
@@ -188,6 +238,24 @@ class Scorer:
                     out.entropy = _scatter(verl_F.entropy_from_logits(logits.detach()), select)
         if value_head is not None:
             out.values = _scatter(value_head(hidden.float()).squeeze(-1), select)
+        return out
+
+    def _score_fused(
+        self,
+        hidden: torch.Tensor,
+        targets: torch.Tensor,
+        select: torch.Tensor,
+        entropy: bool,
+        entropy_grad: bool,
+    ) -> Scores:
+        head = self.model.get_output_embeddings()
+        assert head is not None and self.fused is not None  # fused_problem found the head
+        logprobs, ent = self.fused(hidden, head.weight, targets, self.temperature)
+        out = Scores(logprobs=_scatter(logprobs, select))
+        if entropy:
+            # a detached entropy gets no gradient, and verl's backward then skips its term
+            ent = ent.float() if entropy_grad else ent.detach().float()
+            out.entropy = _scatter(ent, select)
         return out
 
     def _attention(self) -> str | None:

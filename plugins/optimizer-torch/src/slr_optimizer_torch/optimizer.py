@@ -25,6 +25,10 @@ Every forward pass (steps 2 and 4) runs a micro-batch as one prefix tree when
 ``options.pack == "tree"`` (``packing.py``): rows that share a token prefix compute it once,
 and the scores land in the per-row layout, so nothing after the forward changes.
 
+With ``options.use_fused_kernels`` every scorer (policy and reference) computes log-probs
+and entropy through verl's fused linear-for-PPO, a chunk of positions at a time
+(``model.Scorer``): the same values, without a ``tokens x vocabulary`` logits tensor.
+
 Off-policy correction (``[algorithm.rollout_correction]``, ``correction.py``) wraps step 4
 the way verl's trainer does: in decoupled mode verl's IS weights and rejection mask, from
 the pre-pass log-probs vs the rollout's, enter the policy loss (the pre-pass is then always
@@ -115,7 +119,8 @@ class TorchOptimizer:
             if self.lora is not None:  # frozen embeddings: let checkpointed blocks backprop
                 self.model.enable_input_require_grads()
         self._set_mode()
-        self.scorer = Scorer(self.model, temperature=self.temperature)
+        fused = options.use_fused_kernels
+        self.scorer = Scorer(self.model, temperature=self.temperature, fused=fused)
         self.replay: RoutingReplay | None = None
         if algorithm.routing_replay:
             if options.gradient_checkpointing:
@@ -144,7 +149,7 @@ class TorchOptimizer:
                 )
             ref_model.to(self.device)  # pyright: ignore[reportArgumentType]  # as self.model
             ref_model = ref_model.eval().requires_grad_(False)
-            self.ref_scorer = Scorer(ref_model, temperature=self.temperature)
+            self.ref_scorer = Scorer(ref_model, temperature=self.temperature, fused=fused)
             if own_ref:
                 probed.append(self.ref_scorer)
         self.pack = options.pack == "tree" and self._tree_packs_exactly(probed)
