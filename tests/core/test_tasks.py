@@ -32,7 +32,7 @@ def test_examples_load_with_harbor_fields():
     fm = tasks["fix-median"]
     assert fm.name == "slr/fix-median"
     assert fm.agent.timeout_s == 300.0 and fm.verifier.timeout_s == 120.0
-    assert fm.environment.memory_mb == 1024 and fm.environment.cpus == 1.0
+    assert fm.environment.memory_mb == 2048 and fm.environment.cpus == 1.0
     assert fm.verifier.network == "none"  # allow_internet = false
     assert fm.squash_git_history and fm.restore_git_history
     assert fm.solution_dir == fm.path / "solution"
