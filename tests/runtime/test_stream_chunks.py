@@ -74,7 +74,8 @@ def test_tokens_sampled_while_nobody_reads_go_out_as_one_chunk():
     assert rest.token_ids == (1, 2, 3, 4, 5) and rest.finish_reason == "length"
     assert rest.logprobs == (-0.5, -1.0, -1.5, -2.0, -2.5)
     assert rest.weights_versions == (1, 1, 2, 2, 2)
-    assert rest.routed_experts == [[[i, i + 1]] for i in range(1, 6)]
+    assert rest.routed_experts is not None
+    assert rest.routed_experts.tolist() == [[[i, i + 1]] for i in range(1, 6)]
     assert closed
 
 
