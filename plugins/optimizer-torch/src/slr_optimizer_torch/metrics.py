@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from slr.contracts import TrialResult
+from slr_optimizer_torch.batch import TrainBatch, assemble
 
 
 def _summary(prefix: str, values: Sequence[float]) -> dict[str, float]:
@@ -145,3 +146,34 @@ class Accumulator:
             out["actor/grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
             out["actor/grad_norm_max"] = max(self.grad_norms)
         return out
+
+
+def open_step(
+    trials: Sequence[TrialResult], options: Any, *, step: int
+) -> tuple[TrainBatch, dict[str, float]]:
+    """What every trainer does first in a step: the batch it trains on (``batch.assemble``)
+    and the metrics it reports whether or not it updates (the trials', the batch's, the
+    tokens' weight versions, ``optimizer/steps`` and ``update/skipped``). ``step`` is the
+    version of the weights being updated (steps taken before this one); ``options`` has
+    ``pass_threshold`` and ``drop_zero_variance_groups`` (either optimizer's config)."""
+    metrics = trial_metrics(trials, pass_threshold=options.pass_threshold)
+    tb = assemble(trials, drop_zero_variance_groups=options.drop_zero_variance_groups)
+    metrics.update({k: float(v) for k, v in tb.stats.items()})
+    metrics.update(
+        version_metrics(tb.weights_versions, tb.response_mask, tb.seq_trial, current=step)
+    )
+    metrics["optimizer/steps"] = float(step + 1)
+    # Nothing to learn from (all excluded, dropped or empty): no update, but the step
+    # counts, so checkpoints and metrics stay aligned with the loop's steps.
+    metrics["update/skipped"] = float(tb.num_policy_tokens == 0)
+    return tb, metrics
+
+
+def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    """Mean, max and min of the advantages on policy tokens."""
+    adv = advantages[response_mask > 0]
+    return {
+        "advantages/mean": float(adv.mean()),
+        "advantages/max": float(adv.max()),
+        "advantages/min": float(adv.min()),
+    }

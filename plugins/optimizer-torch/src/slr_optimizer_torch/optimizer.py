@@ -65,9 +65,9 @@ from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.correction import offpolicy_metrics, resolve
 from slr_optimizer_torch.metrics import (
     Accumulator,
+    advantage_metrics,
     logprob_agreement,
-    trial_metrics,
-    version_metrics,
+    open_step,
 )
 from slr_optimizer_torch.model import (
     DTYPES,
@@ -217,9 +217,8 @@ class TorchOptimizer:
     def step(self, batch: Sequence[TrialResult]) -> dict[str, float]:
         started = time.perf_counter()
         opts, algo = self.options, self.algorithm
-        metrics: dict[str, float] = trial_metrics(batch, pass_threshold=opts.pass_threshold)
-        tb = batching.assemble(batch, drop_zero_variance_groups=opts.drop_zero_variance_groups)
-        metrics.update({k: float(v) for k, v in tb.stats.items()})
+        # The weights being updated are version `steps` (the loop: after step N, version N).
+        tb, metrics = open_step(batch, opts, step=self.steps)
         # What one forward pass over the batch must compute at least (its prefix tree), and
         # whether this trainer packs it so (update/tokens: what the update computed).
         metrics["batch/unique_tokens"] = float(
@@ -230,17 +229,8 @@ class TorchOptimizer:
             # rows trained on the trainer's own routing: no routing was recorded for them
             metrics["routing_replay/rows_unrecorded"] = float(sum(r is None for r in tb.routing))
             self.replay.replayed = self.replay.changed = 0
-        # The weights being updated are version `steps` (the loop: after step N, version N).
-        metrics.update(
-            version_metrics(tb.weights_versions, tb.response_mask, tb.seq_trial, current=self.steps)
-        )
         self.steps += 1
-        metrics["optimizer/steps"] = float(self.steps)
-        metrics["update/skipped"] = 0.0
         if tb.num_policy_tokens == 0:
-            # Nothing to learn from (all excluded, dropped or empty): no update, but the
-            # step counts, so checkpoints and metrics stay aligned with the loop's steps.
-            metrics["update/skipped"] = 1.0
             metrics["optimizer/updates"] = float(self.updates)
             return metrics
 
@@ -283,14 +273,7 @@ class TorchOptimizer:
         tb.advantages, tb.returns = batching.compute_advantages(
             tb, algo.adv_estimator, self.algo_cfg, values=values
         )
-        adv = tb.advantages[tb.response_mask > 0]
-        metrics.update(
-            {
-                "advantages/mean": float(adv.mean()),
-                "advantages/max": float(adv.max()),
-                "advantages/min": float(adv.min()),
-            }
-        )
+        metrics.update(advantage_metrics(tb.advantages, tb.response_mask))
 
         if opts.old_logprobs == "rollout" or bypass:
             old = tb.rollout_logprobs

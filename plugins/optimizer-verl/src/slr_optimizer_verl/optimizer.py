@@ -32,7 +32,7 @@ import attrs
 import structlog
 import torch
 from slr_optimizer_torch import batch as batching
-from slr_optimizer_torch.metrics import logprob_agreement, trial_metrics, version_metrics
+from slr_optimizer_torch.metrics import advantage_metrics, logprob_agreement, open_step
 from slr_optimizer_torch.model import resolve_model_name
 from slr_optimizer_torch.verl_config import algo_config, check_names
 
@@ -168,17 +168,9 @@ class VerlOptimizer:
 
         started = time.perf_counter()
         opts, algo = self.options, self.algorithm
-        metrics: dict[str, float] = trial_metrics(batch, pass_threshold=opts.pass_threshold)
-        tb = batching.assemble(batch, drop_zero_variance_groups=opts.drop_zero_variance_groups)
-        metrics.update({k: float(v) for k, v in tb.stats.items()})
-        metrics.update(
-            version_metrics(tb.weights_versions, tb.response_mask, tb.seq_trial, current=self.steps)
-        )
+        tb, metrics = open_step(batch, opts, step=self.steps)
         self.steps += 1
-        metrics["optimizer/steps"] = float(self.steps)
-        metrics["update/skipped"] = 0.0
         if tb.num_policy_tokens == 0:
-            metrics["update/skipped"] = 1.0
             metrics["optimizer/updates"] = float(self.updates)
             return metrics
 
@@ -194,10 +186,7 @@ class VerlOptimizer:
         tb.advantages, tb.returns = batching.compute_advantages(
             tb, algo.adv_estimator, self.algo_cfg
         )
-        adv = tb.advantages[tb.response_mask > 0]
-        metrics["advantages/mean"] = float(adv.mean())
-        metrics["advantages/max"] = float(adv.max())
-        metrics["advantages/min"] = float(adv.min())
+        metrics.update(advantage_metrics(tb.advantages, tb.response_mask))
 
         several = 0 < opts.ppo_mini_batch_size < len(set(tb.group_ids))
         sums: dict[str, float] = {}
