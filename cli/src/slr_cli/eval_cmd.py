@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from slr.config import EVAL_PLUGINS
 from slr.errors import UsageError
 from slr.runs import RunDir
 from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
@@ -134,7 +135,7 @@ def eval_(
         None,
         verifier,
         sets,
-        only_plugins=("agent", "backend", "engine", "verifier"),
+        only_plugins=EVAL_PLUGINS,
     )
     gate(cfg, purpose="eval", skip=skip_preflight, checkpoint=checkpoint)
     evaluation = Evaluation(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from slr.config import EVAL_PLUGINS
 from slr.errors import SlrError
 from slr.plugins import get_plugin_manager
 from slr.preflight import Line, Purpose, require, run_preflight
@@ -107,7 +108,7 @@ def preflight(
             None if purpose == "eval" else optimizer,
             verifier,
             sets,
-            only_plugins=("agent", "backend", "engine", "verifier") if purpose == "eval" else None,
+            only_plugins=EVAL_PLUGINS if purpose == "eval" else None,
         )
     except SlrError as exc:
         if as_json:

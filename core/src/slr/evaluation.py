@@ -25,7 +25,7 @@ from typing import Any, Self
 import attrs
 
 from slr.checkpoints import Checkpoint, resolve_checkpoint
-from slr.config import Config, load_config
+from slr.config import EVAL_PLUGINS, Config, load_config
 from slr.contracts import TrialResult
 from slr.errors import UsageError
 from slr.loop import build_plugin
@@ -140,7 +140,7 @@ class Evaluation:
         config = load_config(
             run.path / RunDir.CONFIG,
             plugins=plugins,
-            only_plugins=("agent", "backend", "engine", "verifier"),
+            only_plugins=EVAL_PLUGINS,
         )
         return cls(
             config,

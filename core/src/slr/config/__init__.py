@@ -22,7 +22,7 @@ from slr.config.structure import option, structure, unstructure
 from slr.errors import ConfigError, UsageError
 from slr.runtime.cluster import check_address
 
-__all__ = ["PLUGIN_SECTIONS", "Config", "PluginChoice", "load_config", "option"]
+__all__ = ["EVAL_PLUGINS", "PLUGIN_SECTIONS", "Config", "PluginChoice", "load_config", "option"]
 
 #: config section -> plugin kind
 PLUGIN_SECTIONS: dict[str, str] = {
@@ -458,6 +458,11 @@ class PluginLookup(Protocol):
     is one): each chosen plugin's options class, or an error naming what is installed."""
 
     def get(self, kind: str, name: str) -> _Registered: ...
+
+
+#: The plugin sections an evaluation builds (no optimizer): ``only_plugins`` of
+#: ``load_config`` for ``slr eval``, ``slr infer``, ``slr data filter`` and their preflight.
+EVAL_PLUGINS = ("agent", "backend", "engine", "verifier")
 
 
 def load_config(

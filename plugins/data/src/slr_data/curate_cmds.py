@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slr.agents.model_free import NopAgent, OracleAgent
+from slr.config import EVAL_PLUGINS
 from slr.errors import UsageError
 from slr.tasks import Task, load_tasks
 from slr_cli.options import config_options, resolve_config
@@ -236,7 +237,7 @@ def _run_eval(
         None,
         verifier,
         [*sets, f"tasks.path={json.dumps(str(tasks_path.resolve()))}"],
-        only_plugins=("agent", "backend", "engine", "verifier"),
+        only_plugins=EVAL_PLUGINS,
     )
     gate(cfg, purpose="eval", skip=skip_preflight)
     evaluation = Evaluation(cfg, samples=samples, threshold=threshold)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from slr.config import EVAL_PLUGINS
 from slr.errors import UsageError
 from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
 from slr_cli.preflight_cmd import gate, skip_preflight_option
@@ -113,7 +114,7 @@ def infer(
             None,
             verifier,
             sets,
-            only_plugins=("agent", "backend", "engine", "verifier"),
+            only_plugins=EVAL_PLUGINS,
         )
         if sft and not _calls_model(cfg):
             raise UsageError(
