@@ -73,11 +73,6 @@ def test_auto_uses_control_groups_where_writable(tmp_path):
 def test_a_command_killed_by_the_memory_limit_says_so(tmp_path):
     """Exit status 137 alone reads like any kill (a timeout, a stop): the command's stderr
     names the memory limit and the task setting that raises it."""
-    if (
-        not Path("/sys/fs/cgroup/memory/cgroup.procs").exists()
-        and not Path("/sys/fs/cgroup/cgroup.controllers").exists()
-    ):
-        pytest.skip("no memory control group on this machine")  # pragma: no cover
     task_dir = tmp_path / "small"
     shutil.copytree(EXAMPLES / "hello-world", task_dir)
     toml = task_dir / "task.toml"
@@ -96,7 +91,10 @@ def test_a_command_killed_by_the_memory_limit_says_so(tmp_path):
         sb = await backend.start(load_task(task_dir), trial_id="oom", labels={})
         try:
             if sb.limits is None or not sb.limits.groups.memory:
-                pytest.skip("no memory group could be made here")  # pragma: no cover
+                # only an address-space rlimit bounds memory then: nothing counts OOM kills
+                pytest.skip(
+                    "no memory control group could be made on this machine"
+                )  # pragma: no cover
             return await sb.exec(hog), await sb.exec("echo fine")
         finally:
             await sb.stop()
