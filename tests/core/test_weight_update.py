@@ -12,6 +12,7 @@ import torch
 from slr.contracts.weights import (
     LoraSpec,
     WeightUpdate,
+    buckets,
     is_lora,
     portable,
     require_full,
@@ -66,3 +67,31 @@ def test_the_adapter_folder_is_pefts_format_and_reads_back(tmp_path):
     back = read_adapter(folder)
     assert back.lora == SPEC
     assert all(torch.equal(back[k], v) for k, v in _lora().items())
+
+
+class _Gathered(dict):
+    """A mapping that records which tensors were read, as a lazily gathered export does."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read: list[str] = []
+
+    def __getitem__(self, key):
+        self.read.append(key)
+        return super().__getitem__(key)
+
+
+def test_buckets_keep_order_bound_bytes_and_read_one_bucket_ahead_at_most():
+    weights = _Gathered(
+        a=torch.zeros(10),  # 40 bytes each in float32
+        b=torch.zeros(10),
+        c=torch.zeros(100),  # 400 bytes: over the limit, a bucket of its own
+        d=torch.zeros(10, dtype=torch.bfloat16),  # 20 bytes
+    )
+    out = buckets(weights, 100)
+    first = next(out)
+    assert [n for n, _ in first] == ["a", "b"] and weights.read == ["a", "b", "c"]
+    rest = [[n for n, _ in bucket] for bucket in out]
+    assert rest == [["c"], ["d"]]
+    with pytest.raises(ValueError, match="at least one byte"):
+        next(buckets(weights, 0))

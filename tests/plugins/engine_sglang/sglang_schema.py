@@ -4,8 +4,19 @@ Written by hand from the public repository sgl-project/sglang (main branch as st
 late 2026; no release number is recorded in these files), never copied code:
 
 - ``python/sglang/srt/managers/io_struct.py`` (commit 001067fffe33427bee0ed2f007fb7551a1d76b44):
-  the fields of ``GenerateReqInput`` (the ``/generate`` body), ``AbortReq`` and
-  ``UpdateWeightFromDiskReqInput``;
+  the fields of ``GenerateReqInput`` (the ``/generate`` body), ``AbortReq``,
+  ``UpdateWeightFromDiskReqInput``, ``InitWeightsUpdateGroupReqInput``,
+  ``UpdateWeightsFromDistributedReqInput`` (``names``, ``dtypes``, ``shapes``: the dtype
+  names are read back with ``getattr(torch, name)``), ``UpdateWeightsFromTensorReqInput``
+  (``serialized_named_tensors``: one base64 string per tensor-parallel rank) and
+  ``DestroyWeightsUpdateGroupReqInput``; every request inherits ``rid`` and
+  ``http_worker_ipc`` from ``BaseReq``, and their outputs are ``{success, message}``;
+- ``python/sglang/srt/model_executor/weight_updater.py`` (the stored version; no commit
+  recorded): a worker joins the group as ``rank_offset + tp_rank`` and receives each named
+  tensor as one ``broadcast(src=0)``, in order (``load_format = "flattened_bucket"`` would
+  broadcast one flat tensor instead; the engine does not use it);
+- ``python/sglang/srt/server_args.py``, not read at a commit: ``/get_server_info`` answers
+  the ``ServerArgs`` fields, of which the engine reads ``tp_size``, ``dp_size``, ``pp_size``;
 - ``python/sglang/srt/sampling/sampling_params.py`` (commit
   00c17cafcb9e289d5ca97c50e44ada54e4fd5b03): the caller-facing ``SamplingParams`` fields
   (the "API parameters" block; not the internal ones set by ``normalize``);
@@ -201,11 +212,50 @@ UPDATE_WEIGHTS_FROM_DISK_FIELDS = frozenset(
 )
 UPDATE_WEIGHTS_FROM_DISK_RESPONSE_KEYS = frozenset({"success", "message", "num_paused_requests"})
 
+_BASE_REQ = frozenset({"rid", "http_worker_ipc"})
+INIT_WEIGHTS_UPDATE_GROUP_FIELDS = _BASE_REQ | {
+    "master_address",
+    "master_port",
+    "rank_offset",
+    "world_size",
+    "group_name",
+    "backend",
+}
+UPDATE_WEIGHTS_FROM_DISTRIBUTED_FIELDS = _BASE_REQ | {
+    "names",
+    "dtypes",
+    "shapes",
+    "group_name",
+    "flush_cache",
+    "abort_all_requests",
+    "weight_version",
+    "load_format",
+    "torch_empty_cache",
+}
+UPDATE_WEIGHTS_FROM_TENSOR_FIELDS = _BASE_REQ | {
+    "serialized_named_tensors",
+    "load_format",
+    "flush_cache",
+    "abort_all_requests",
+    "weight_version",
+    "disable_draft_model",
+    "torch_empty_cache",
+}
+DESTROY_WEIGHTS_UPDATE_GROUP_FIELDS = _BASE_REQ | {"group_name"}
+# the answer of the group and distributed / tensor routes
+WEIGHT_UPDATE_RESPONSE_KEYS = frozenset({"success", "message"})
+SERVER_INFO_KEYS_READ = frozenset({"tp_size", "dp_size", "pp_size"})
+
 # The routes slr-engine-sglang calls, with their methods in http_server.py.
 ROUTES = {
     ("POST", "/generate"),
     ("POST", "/abort_request"),
     ("POST", "/update_weights_from_disk"),
+    ("POST", "/init_weights_update_group"),
+    ("POST", "/update_weights_from_distributed"),
+    ("POST", "/update_weights_from_tensor"),
+    ("POST", "/destroy_weights_update_group"),
+    ("GET", "/get_server_info"),
     ("POST", "/flush_cache"),
     ("GET", "/health"),
     ("GET", "/get_model_info"),

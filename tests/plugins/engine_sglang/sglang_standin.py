@@ -15,7 +15,21 @@ What it does not model: SGLang's scheduler, its radix cache, CUDA graphs, numeri
 - ``POST /abort_request`` ``{"rid"}``: the request ends with ``{"type": "abort"}``.
 - ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``: loads
   ``model.safetensors`` from the folder into the backing engine.
-- ``GET /health``, ``/get_model_info``, ``/v1/models``; ``POST /flush_cache``.
+- ``POST /init_weights_update_group``: REALLY joins the torch.distributed group the body
+  names (as rank ``rank_offset``, SGLang's construction: ``slr_engine_sglang.group``), with
+  the backend it names (gloo here; nccl fails as on a machine without GPUs);
+  ``/update_weights_from_distributed`` receives each named tensor by broadcast from rank
+  0 and loads it into the backing engine; ``/destroy_weights_update_group`` leaves.
+- ``POST /update_weights_from_tensor``: unpickles the shared-memory tensors (SGLang's
+  ``MultiprocessingSerializer`` format) and loads them.
+- ``GET /health``, ``/get_model_info``, ``/get_server_info``, ``/v1/models``;
+  ``POST /flush_cache``.
+- Not SGLang's: ``POST /standin/hold_after`` ``{"tokens": n}`` sets ``hold_after``, and
+  ``GET /standin/requests`` lists the requests recorded, for a stand-in running as its
+  own process.
+
+A process joins a named torch.distributed group once: a stand-in that joins groups must
+run in another process than the engine that opens them (``main``).
 
 Run as a script it is also a stand-in ``python -m sglang.launch_server --model-path M
 --host H --port P ...``: it serves the model folder M with the hf engine and writes its
@@ -36,6 +50,9 @@ import time
 from contextlib import aclosing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from slr_engine_sglang import group as groups
+from slr_engine_sglang import tensors
 
 from slr.contracts import ContextOverflow, SamplingParams
 
@@ -66,6 +83,17 @@ ACCEPTED_SAMPLING_FIELDS = frozenset(
         "no_stop_trim",
     }
 )
+# ... and of the weight-update requests (InitWeightsUpdateGroupReqInput and friends)
+ACCEPTED_INIT_GROUP_FIELDS = frozenset(
+    {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
+)
+ACCEPTED_DISTRIBUTED_FIELDS = frozenset(
+    {"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version"}
+)
+ACCEPTED_TENSOR_FIELDS = frozenset(
+    {"serialized_named_tensors", "load_format", "flush_cache", "weight_version"}
+)
+ACCEPTED_DESTROY_GROUP_FIELDS = frozenset({"group_name"})
 
 
 class SglangStandIn:
@@ -95,6 +123,7 @@ class SglangStandIn:
         self.hold_after: int | None = None
         self.lock = threading.Lock()
         self.running: dict[str, asyncio.Task] = {}
+        self.groups: dict[str, Any] = {}  # weight groups joined, by name
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._loop_thread.start()
@@ -286,6 +315,82 @@ class SglangStandIn:
             "num_paused_requests": 0,
         }
 
+    def init_group(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        refused = _unknown(body, ACCEPTED_INIT_GROUP_FIELDS)
+        if refused is not None:
+            return refused
+        name = str(body.get("group_name", groups.DEFAULT_GROUP_NAME))
+        if name in self.groups:
+            return _failed(f"Failed to initialize custom process group: {name} exists.")
+        try:
+            self.groups[name] = groups.join_group(
+                master_address=body["master_address"],
+                master_port=int(body["master_port"]),
+                rank=int(body["rank_offset"]),  # + this worker's tp_rank, 0: one worker
+                world_size=int(body["world_size"]),
+                group_name=name,
+                backend=str(body.get("backend", "nccl")),
+                timeout_s=60,
+            )
+        except Exception as exc:
+            return _failed(f"Failed to initialize custom process group: {exc}.")
+        return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
+
+    def update_from_distributed(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        refused = _unknown(body, ACCEPTED_DISTRIBUTED_FIELDS)
+        if refused is not None:
+            return refused
+        name = str(body.get("group_name", groups.DEFAULT_GROUP_NAME))
+        group = self.groups.get(name)
+        if group is None:
+            return _failed(
+                f"Group {name} not in {list(self.groups)}. Please call "
+                f"`init_weights_update_group` first."
+            )
+        try:
+            received = groups.receive_bucket(group, body["dtypes"], body["shapes"])
+            self._load(dict(zip(body["names"], received, strict=True)), body)
+        except Exception as exc:
+            return _failed(f"Failed to update parameter online: {exc}.")
+        return 200, {"success": True, "message": "Succeeded to update parameter online."}
+
+    def update_from_tensor(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        refused = _unknown(body, ACCEPTED_TENSOR_FIELDS)
+        if refused is not None:
+            return refused
+        try:
+            named = tensors.deserialize(body["serialized_named_tensors"][0])  # tp_rank 0
+            self._load(dict(named), body)
+        except Exception as exc:
+            return _failed(f"Failed to update weights from tensor: {exc}.")
+        return 200, {"success": True, "message": "Succeeded to update model weights."}
+
+    def destroy_group(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        refused = _unknown(body, ACCEPTED_DESTROY_GROUP_FIELDS)
+        if refused is not None:
+            return refused
+        group = self.groups.pop(str(body.get("group_name", groups.DEFAULT_GROUP_NAME)), None)
+        if group is None:
+            return _failed("The group to be destroyed does not exist.")
+        groups.leave_group(group)
+        return 200, {"success": True, "message": "Succeeded to destroy custom process group."}
+
+    def _load(self, state_dict: dict[str, Any], body: dict[str, Any]) -> None:
+        self.call(self.engine.update_weights(state_dict))
+        if body.get("weight_version") is not None:
+            self.weight_version = str(body["weight_version"])
+
+
+def _unknown(body: Any, accepted: frozenset[str]) -> tuple[int, dict[str, Any]] | None:
+    if not isinstance(body, dict):
+        return _error(400, "the body must be a JSON object")
+    unknown = set(body) - accepted
+    return _error(400, f"stand-in does not accept {sorted(unknown)}") if unknown else None
+
+
+def _failed(message: str) -> tuple[int, dict[str, Any]]:
+    return 400, {"success": False, "message": message}
+
 
 def _error(status: int, message: str) -> tuple[int, dict[str, Any]]:
     return status, {"error": {"message": message}}
@@ -325,6 +430,21 @@ def _handler(standin: SglangStandIn) -> type[BaseHTTPRequestHandler]:
                         "weight_version": standin.weight_version,
                     },
                 )
+            elif self.path == "/get_server_info":
+                self._send(
+                    200,
+                    {
+                        "model_path": standin.served_model_name,
+                        "tp_size": 1,
+                        "dp_size": 1,
+                        "pp_size": 1,
+                        "version": "stand-in",
+                    },
+                )
+            elif self.path == "/standin/requests":
+                with standin.lock:
+                    recorded = list(standin.requests)
+                self._send(200, recorded)
             elif self.path == "/v1/models":
                 card = {
                     "id": standin.served_model_name,
@@ -351,6 +471,17 @@ def _handler(standin: SglangStandIn) -> type[BaseHTTPRequestHandler]:
                 self._send(200, "", text=True)
             elif self.path == "/update_weights_from_disk":
                 self._send(*standin.update_from_disk(body or {}))
+            elif self.path == "/init_weights_update_group":
+                self._send(*standin.init_group(body))
+            elif self.path == "/update_weights_from_distributed":
+                self._send(*standin.update_from_distributed(body))
+            elif self.path == "/update_weights_from_tensor":
+                self._send(*standin.update_from_tensor(body))
+            elif self.path == "/destroy_weights_update_group":
+                self._send(*standin.destroy_group(body))
+            elif self.path == "/standin/hold_after":
+                standin.hold_after = int((body or {})["tokens"])
+                self._send(200, {})
             elif self.path == "/flush_cache":
                 with standin.lock:
                     busy = bool(standin.running)

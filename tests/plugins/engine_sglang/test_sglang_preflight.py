@@ -46,3 +46,18 @@ def test_gpu_sets_must_match_replicas_and_remote_servers_need_weights_dir():
         "sglang-config", 'engine.urls=["http://gpu-a:30000"]', 'engine.weights_dir="/shared/w"'
     )
     assert fine.status == "pass"
+
+
+def test_tensor_updates_need_servers_on_this_machine():
+    [remote] = results(
+        "sglang-config", 'engine.urls=["http://gpu-a:30000"]', 'engine.weight_update="tensor"'
+    )
+    assert remote.status == "fatal" and "shared memory" in remote.message
+    [local] = results(
+        "sglang-config", 'engine.urls=["http://127.0.0.1:30000"]', 'engine.weight_update="tensor"'
+    )
+    assert local.status == "pass"
+    [group] = results(
+        "sglang-config", 'engine.urls=["http://gpu-a:30000"]', 'engine.weight_update="distributed"'
+    )
+    assert group.status == "warn" and "trainer_address" in group.message

@@ -92,6 +92,28 @@ def payload_bytes(weights: Mapping[str, Any]) -> int:
     return sum(_tensor_bytes(v) for v in weights.values())
 
 
+def buckets(weights: Mapping[str, Any], max_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    """``weights``' tensors in order, as lists of ``(name, tensor)`` of at most ``max_bytes``
+    of tensor data (a larger tensor is a bucket of its own). A tensor is read from the
+    mapping only when its bucket is being filled, so a mapping that gathers each tensor when
+    read (verl's optimizer exports one) is never held whole: transfers that send bucket by
+    bucket keep one bucket (plus the one being sent) in memory."""
+    if max_bytes <= 0:
+        raise ValueError(f"a weight bucket holds at least one byte; got max_bytes={max_bytes}")
+    bucket: list[tuple[str, Any]] = []
+    size = 0
+    for name in weights:
+        tensor = weights[name]
+        nbytes = _tensor_bytes(tensor)
+        if bucket and size + nbytes > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
 def is_lora(weights: Any) -> TypeGuard[WeightUpdate]:
     """Whether ``weights`` (what ``export_weights`` returned) is a LoRA adapter update."""
     return isinstance(weights, WeightUpdate) and weights.kind == "lora"

@@ -26,10 +26,39 @@ class SglangEngineConfig(ServerOptions):
         "num_experts_per_tok from the tokenizer folder's config.json.",
         validator=validators.ge(0),
     )
-    weight_update: Literal["disk", "none"] = option(
+    weight_update: Literal["disk", "distributed", "tensor", "none"] = option(
         "disk",
-        doc="How update_weights reaches the servers: 'disk' writes the weights as a model "
-        "folder under weights_dir and calls /update_weights_from_disk; 'none' refuses updates.",
+        doc="How update_weights reaches the servers, in SGLang's own words: 'disk' writes the "
+        "weights as a model folder under weights_dir and calls /update_weights_from_disk; "
+        "'distributed' opens a process group with each server once "
+        "(/init_weights_update_group, this process is rank 0) and broadcasts the weights "
+        "bucket by bucket (/update_weights_from_distributed); 'tensor' hands each bucket over "
+        "in shared memory (/update_weights_from_tensor; the servers must run on this "
+        "machine); 'none' refuses updates.",
+    )
+    weight_bucket_bytes: int = option(
+        512 * 1024 * 1024,
+        doc="Most bytes of tensor data in one 'distributed' or 'tensor' update request (a "
+        "larger tensor goes alone); at most two buckets are held at once, never the whole "
+        "state dict.",
+        validator=validators.gt(0),
+    )
+    weight_group_backend: Literal["nccl", "gloo"] = option(
+        "nccl",
+        doc="torch.distributed backend of the 'distributed' weight group: 'nccl' between GPUs "
+        "(the trainer's tensors are sent from its current CUDA device), 'gloo' over TCP from "
+        "the CPU.",
+    )
+    trainer_address: str = option(
+        "",
+        doc="Address the servers reach this process at for the 'distributed' weight group's "
+        "rendezvous (empty: this host's name resolved; 127.0.0.1 for servers on this machine).",
+    )
+    weight_group_timeout_s: float = option(
+        600.0,
+        doc="How long joining the weight group, or one bucket's broadcast, may take before "
+        "the update fails (a server that never joins would otherwise hang the trainer).",
+        validator=validators.gt(0),
     )
     weights_dir: str = option(
         "",

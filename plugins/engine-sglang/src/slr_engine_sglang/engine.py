@@ -52,6 +52,7 @@ from slr_engine_sglang.protocol import (
     read_output,
 )
 from slr_engine_sglang.server import find_python, launch_server
+from slr_engine_sglang.transfer import Server, transfer_for
 from slr_engine_sglang.weights import WeightFolders
 
 log = structlog.get_logger()
@@ -83,7 +84,9 @@ class SglangEngine(HttpEngine):
         self._experts_per_token = config.experts_per_token
         self._inflight: dict[str, asyncio.Event] = {}  # rid -> set when its request ended
         self._preempted: set[str] = set()  # rids aborted by a partial update, to resume
-        self._weights = weights or weight_folders(config)
+        self._transfer = transfer_for(
+            config, index=index, folders=weights or weight_folders(config)
+        )
 
     def launch(self) -> ServerProcess:
         return launch_server(self.config, index=self.index)
@@ -238,7 +241,7 @@ class SglangEngine(HttpEngine):
         version: int | None = None,
         mode: UpdateMode = "drain",
     ) -> int:
-        """Load new weights: write them as a model folder, ``/update_weights_from_disk``.
+        """Load new weights by the route ``[engine] weight_update`` names (``transfer``).
 
         ``"drain"``: new requests wait, running ones finish, then the swap. ``"partial"``:
         running requests are aborted at a token boundary and continue afterwards under
@@ -246,10 +249,10 @@ class SglangEngine(HttpEngine):
         check_update_mode(mode)
         # SGLang loads LoRA adapters by path, not as an update of the base's weights
         state_dict = require_full(state_dict, engine="sglang")
-        if self.config.weight_update == "none":
+        if self._transfer is None:
             raise UsageError(
                 "this SGLang engine is configured with weight_update = 'none'; set it to "
-                "'disk' to push weights from the trainer"
+                "'disk', 'distributed' or 'tensor' to push weights from the trainer"
             )
         new_version = version if version is not None else self._version + 1
         async with self._swap():
@@ -258,26 +261,18 @@ class SglangEngine(HttpEngine):
                 self._preempted.update(running)
                 await asyncio.gather(*(self._abort(rid) for rid in running))
             await asyncio.gather(*(event.wait() for event in running.values()))
-            folder = await asyncio.to_thread(self._weights.write, state_dict, new_version)
-            await self._load(folder, new_version)
+            await self._transfer.push(self._server(), state_dict, new_version)
             self._version = new_version
-            await asyncio.to_thread(self._weights.prune, new_version)
             return new_version
 
-    async def _load(self, folder: Path, version: int) -> None:
-        url = f"{self.url}/update_weights_from_disk"
-        body = {"model_path": str(folder), "weight_version": str(version)}
-        try:
-            response = await self.client.post(url, json=body, timeout=None)
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"{url} did not answer: {exc}") from exc
-        data = response_json(response)
-        if response.status_code >= 400 or not (isinstance(data, dict) and data.get("success")):
-            raise EngineUnavailable(
-                f"{url} refused the weights in {folder} (HTTP {response.status_code}): {data}. "
-                f"The folder must be readable by the server at that path ([engine] weights_dir "
-                f"on a shared filesystem when the server runs elsewhere)"
-            )
+    def _server(self) -> Server:
+        return Server(url=self.url, client=self.client)
+
+    async def close(self) -> None:
+        """Leave the weight group (if one was opened), then stop or detach from the server."""
+        if not self._closed and self._transfer is not None and self._url is not None:
+            await self._transfer.close(self._server())
+        await super().close()
 
 
 def _experts_per_token(config: SglangEngineConfig) -> int:

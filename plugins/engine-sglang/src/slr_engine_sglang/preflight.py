@@ -1,6 +1,6 @@
 """The SGLang engine's preflight: its servers answer, or the launch has what it needs (a
 Python with SGLang, one GPU set per replica, GPUs with memory free); and where weight
-updates are written when the servers are elsewhere."""
+updates are written (or how they travel) when the servers are elsewhere."""
 
 from __future__ import annotations
 
@@ -34,6 +34,24 @@ def check_config(ctx: Context) -> list[CheckResult] | None:
                 f"cannot read",
                 fix="set engine.weights_dir to a folder on a filesystem the servers share, "
                 "at the same path",
+            )
+        )
+    if remote and o.weight_update == "tensor":
+        found.append(
+            fatal(
+                f"engine.weight_update = 'tensor' hands tensors over in this machine's shared "
+                f"memory, but servers run elsewhere ({', '.join(remote)})",
+                fix="use weight_update = 'distributed' (a process group over the network) or "
+                "'disk' (a shared filesystem) for servers on other machines",
+            )
+        )
+    if remote and o.weight_update == "distributed" and not o.trainer_address:
+        found.append(
+            warn(
+                f"engine.trainer_address is empty and servers run elsewhere "
+                f"({', '.join(remote)}): they will be told to reach this machine at its host "
+                f"name's address",
+                fix="set engine.trainer_address to the address the servers reach this machine at",
             )
         )
     return found or [ok(f"{len(o.urls) or o.replicas} SGLang server(s) configured")]

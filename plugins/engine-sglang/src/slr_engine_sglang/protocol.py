@@ -36,6 +36,7 @@ from attrs import frozen
 from slr.contracts import ContextOverflow, SamplingParams
 from slr.contracts.records import FinishReason
 from slr.engines.protocol import error_message, short_repr
+from slr.errors import UsageError
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 # SGLang's two context errors: the prompt alone, and prompt + max_new_tokens
@@ -237,3 +238,82 @@ def error_for(status: int, data: Any, *, prompt_tokens: int, max_context: int) -
     if overflow is not None:
         return overflow
     return ValueError(f"SGLang rejected the request (HTTP {status}): {message}")
+
+
+# -- weight updates (request bodies; the answers are {"success", "message"}) ---------------
+
+
+def init_group_request(
+    *,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    group_name: str,
+    backend: str,
+) -> dict[str, Any]:
+    """``POST /init_weights_update_group``: the server's workers join as ranks 1..N."""
+    return {
+        "master_address": master_address,
+        "master_port": master_port,
+        "rank_offset": 1,
+        "world_size": world_size,
+        "group_name": group_name,
+        "backend": backend,
+    }
+
+
+def distributed_request(
+    names: Sequence[str],
+    dtypes: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    *,
+    group_name: str,
+    weight_version: int | None,
+) -> dict[str, Any]:
+    """``POST /update_weights_from_distributed`` for one bucket. Only the last bucket of an
+    update names the new version and flushes the prefix cache: the version changes once
+    every tensor is in."""
+    body: dict[str, Any] = {
+        "names": list(names),
+        "dtypes": list(dtypes),
+        "shapes": [[int(n) for n in shape] for shape in shapes],
+        "group_name": group_name,
+        "flush_cache": weight_version is not None,
+    }
+    if weight_version is not None:
+        body["weight_version"] = str(weight_version)
+    return body
+
+
+def tensor_request(payload: str, *, ranks: int, weight_version: int | None) -> dict[str, Any]:
+    """``POST /update_weights_from_tensor`` for one bucket: the same serialized tensors
+    for each of the server's ``ranks`` tensor-parallel workers (each takes its own slice)."""
+    body: dict[str, Any] = {
+        "serialized_named_tensors": [payload] * ranks,
+        "load_format": None,
+        "flush_cache": weight_version is not None,
+    }
+    if weight_version is not None:
+        body["weight_version"] = str(weight_version)
+    return body
+
+
+def destroy_group_request(group_name: str) -> dict[str, Any]:
+    return {"group_name": group_name}
+
+
+def server_ranks(info: Any) -> int:
+    """The tensor-parallel workers a weight group reaches, from ``GET /get_server_info``
+    (SGLang's ``ServerArgs``). SGLang numbers a worker's rank ``rank_offset + tp_rank``, so
+    data- or pipeline-parallel servers would collide in one group: those are refused."""
+    if not isinstance(info, dict):
+        raise ProtocolError(f"/get_server_info did not answer a JSON object: {short_repr(info)}")
+    sizes = {k: int(info.get(k) or 1) for k in ("tp_size", "dp_size", "pp_size")}
+    if sizes["dp_size"] > 1 or sizes["pp_size"] > 1:
+        raise UsageError(
+            f"SGLang server has dp_size={sizes['dp_size']}, pp_size={sizes['pp_size']}: its "
+            f"weight group numbers workers by tensor-parallel rank only, so they would "
+            f"collide; use weight_update = 'disk' for it, or one server per data-parallel "
+            f"replica ([engine] replicas)"
+        )
+    return sizes["tp_size"]
