@@ -31,7 +31,7 @@ from slr.contracts import EngineUnavailable, SamplingParams
 from slr.contracts.weights import buckets
 from slr.engines.server import ServerProcess, free_port
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # a server process loads a model
 
 BUCKET = 64 * 1024  # the tiny model is ~1 MB: a few dozen buckets
 

@@ -47,7 +47,7 @@ def join_group(
     store.set_timeout(timeout)
     store = c10d.PrefixStore(group_name, store)
     group, _ = c10d._new_process_group_helper(
-        world_size, rank, [], backend, store, group_name=group_name, timeout=timeout
+        world_size, rank, [], backend, store, group_name=c10d.GroupName(group_name), timeout=timeout
     )
     # broadcast(src=...) reads global ranks through this table; the group is its own world
     c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}
@@ -73,9 +73,7 @@ def send_bucket(group: Any, tensors: Sequence[Any], *, backend: str) -> None:
     device = device_for(backend)
     # each tensor stays referenced until its broadcast is done
     sent = [t.detach().to(device).contiguous() for t in tensors]
-    handles = [dist.broadcast(t, src=0, group=group, async_op=True) for t in sent]
-    for handle in handles:
-        handle.wait()
+    _wait([dist.broadcast(t, src=0, group=group, async_op=True) for t in sent])
 
 
 def receive_bucket(
@@ -89,10 +87,14 @@ def receive_bucket(
         torch.empty([int(n) for n in shape], dtype=dtype_of(name), device=device)
         for name, shape in zip(dtypes, shapes, strict=True)
     ]
-    handles = [dist.broadcast(t, src=0, group=group, async_op=True) for t in out]
-    for handle in handles:
-        handle.wait()
+    _wait([dist.broadcast(t, src=0, group=group, async_op=True) for t in out])
     return out
+
+
+def _wait(handles: Sequence[Any]) -> None:
+    for handle in handles:
+        if handle is not None:  # None only from ranks outside the group
+            handle.wait()
 
 
 def dtype_name(tensor: Any) -> str:
