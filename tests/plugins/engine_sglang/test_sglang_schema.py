@@ -25,6 +25,14 @@ pytestmark = pytest.mark.timeout(120)
 def test_the_stand_in_accepts_only_fields_sglang_declares():
     assert sglang_standin.ACCEPTED_GENERATE_FIELDS <= schema.GENERATE_REQUEST_FIELDS
     assert sglang_standin.ACCEPTED_SAMPLING_FIELDS <= schema.SAMPLING_PARAMS_FIELDS
+    accepted = {
+        sglang_standin.ACCEPTED_INIT_GROUP_FIELDS: schema.INIT_WEIGHTS_UPDATE_GROUP_FIELDS,
+        sglang_standin.ACCEPTED_DISTRIBUTED_FIELDS: schema.UPDATE_WEIGHTS_FROM_DISTRIBUTED_FIELDS,
+        sglang_standin.ACCEPTED_TENSOR_FIELDS: schema.UPDATE_WEIGHTS_FROM_TENSOR_FIELDS,
+        sglang_standin.ACCEPTED_DESTROY_GROUP_FIELDS: schema.DESTROY_WEIGHTS_UPDATE_GROUP_FIELDS,
+    }
+    for mine, sglangs in accepted.items():
+        assert mine <= sglangs, mine - sglangs
 
 
 def test_a_field_sglang_lacks_is_refused(standin):
