@@ -270,9 +270,11 @@ class SglangEngine(HttpEngine):
 
     async def close(self) -> None:
         """Leave the weight group (if one was opened), then stop or detach from the server."""
-        if not self._closed and self._transfer is not None and self._url is not None:
-            await self._transfer.close(self._server())
-        await super().close()
+        try:
+            if not self._closed and self._transfer is not None and self._url is not None:
+                await self._transfer.close(self._server())
+        finally:
+            await super().close()
 
 
 def _experts_per_token(config: SglangEngineConfig) -> int:

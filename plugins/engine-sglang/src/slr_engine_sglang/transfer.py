@@ -122,8 +122,8 @@ class DistributedTransfer:
 
     def __init__(self, config: SglangEngineConfig, *, index: int = 0) -> None:
         self.config = config
-        # one group per server, and this process may hold several: their names must differ
-        self.group_name = f"slr-weights-{index}-{uuid.uuid4().hex[:8]}"
+        self.index = index
+        self.group_name = ""
         self._group: Any = None
 
     @property
@@ -132,6 +132,9 @@ class DistributedTransfer:
 
     async def _open(self, server: Server) -> None:
         world = await ranks_of(server) + 1
+        # one group per server, and this process may hold several; a group given up after
+        # a failure may linger on the server: every group gets a name of its own
+        self.group_name = f"slr-weights-{self.index}-{uuid.uuid4().hex[:8]}"
         address = self.config.trainer_address or socket.gethostbyname(socket.gethostname())
         port = free_port(address)
         body = init_group_request(
