@@ -10,6 +10,9 @@
 # MODEL         a local model folder (required; nothing is downloaded)
 # ENGINE_PYTHON the Python that has SGLang installed (ENGINE=sglang; default: python)
 # OPTIMIZER     verl (default) or torch (the embedded trainer, if verl is not installed)
+# WEIGHT_UPDATE ENGINE=sglang: disk (default), tensor (shared memory / CUDA IPC: the
+#               trainer and the server share this node) or distributed (an nccl group:
+#               needs the engine and the trainer on different GPUs)
 # STEPS         optimizer steps (default 3)
 # SLR           the slr command (default: .venv/bin/slr, else slr on PATH)
 #
@@ -22,6 +25,7 @@ ENGINE="${ENGINE:-sglang}"
 OPTIMIZER="${OPTIMIZER:-verl}"
 STEPS="${STEPS:-3}"
 ENGINE_PYTHON="${ENGINE_PYTHON:-python}"
+WEIGHT_UPDATE="${WEIGHT_UPDATE:-disk}"
 SLR="${SLR:-$( [ -x .venv/bin/slr ] && echo .venv/bin/slr || echo slr )}"
 fail() { echo "cluster_node.sh: $*" >&2; exit 2; }
 
@@ -52,7 +56,12 @@ grep -qw "$OPTIMIZER" <<<"$plugins" \
 #    the engine (which then takes half the memory)
 if [ "$gpus" -ge 2 ]; then trainer_device="cuda:1"; share=0.85; else trainer_device="cuda:0"; share=0.45; fi
 if [ "$ENGINE" = sglang ]; then
-  engine_section=$(printf 'name = "sglang"\nmodel = "%s"\npython = "%s"\ngpus_per_replica = ["0"]\nextra_args = ["--mem-fraction-static", "%s"]\n' "$MODEL" "$ENGINE_PYTHON" "$share")
+  case "$WEIGHT_UPDATE" in
+    disk|tensor) ;;
+    distributed) [ "$gpus" -ge 2 ] || fail "WEIGHT_UPDATE=distributed needs two GPUs (nccl cannot join two ranks on one): use tensor or disk." ;;
+    *) fail "WEIGHT_UPDATE=$WEIGHT_UPDATE: use disk, tensor or distributed" ;;
+  esac
+  engine_section=$(printf 'name = "sglang"\nmodel = "%s"\npython = "%s"\ngpus_per_replica = ["0"]\nweight_update = "%s"\ntrainer_address = "127.0.0.1"\nextra_args = ["--mem-fraction-static", "%s"]\n' "$MODEL" "$ENGINE_PYTHON" "$WEIGHT_UPDATE" "$share")
 else
   engine_section=$(printf 'name = "vllm"\nmodel = "%s"\ngpus_per_replica = ["0"]\nweight_transfer = "nccl"\nextra_args = ["--gpu-memory-utilization", "%s"]\n' "$MODEL" "$share")
 fi
