@@ -26,8 +26,11 @@ from slr_engine_sglang.engine import SglangEngine, create_engine, start_engines
 from slr_engine_sglang.protocol import (
     ProtocolError,
     decode_routed_experts,
+    distributed_request,
     generate_request,
     read_output,
+    server_ranks,
+    tensor_request,
 )
 from slr_engine_sglang.server import launch_command
 
@@ -85,6 +88,32 @@ def _answer(entries, *, completion=None, finish=None, **meta):
             **meta,
         },
     }
+
+
+def test_weight_group_bodies_and_the_servers_ranks():
+    body = distributed_request(
+        ["a.weight", "b.bias"],
+        ["bfloat16", "float32"],
+        [(2, 3), [4]],
+        group_name="g",
+        weight_version=None,
+    )
+    assert body == {
+        "names": ["a.weight", "b.bias"],
+        "dtypes": ["bfloat16", "float32"],
+        "shapes": [[2, 3], [4]],
+        "group_name": "g",
+        "flush_cache": False,
+    }
+    last = distributed_request(["a"], ["float32"], [[1]], group_name="g", weight_version=4)
+    assert (last["weight_version"], last["flush_cache"]) == ("4", True)
+    assert tensor_request("xyz", ranks=2, weight_version=None)["serialized_named_tensors"] == [
+        "xyz",
+        "xyz",
+    ]
+    assert server_ranks({"tp_size": 4, "dp_size": 1}) == 4
+    with pytest.raises(UsageError, match="dp_size=2"):
+        server_ranks({"tp_size": 1, "dp_size": 2})
 
 
 def test_read_output_takes_new_tokens_from_cumulative_and_incremental_events():
