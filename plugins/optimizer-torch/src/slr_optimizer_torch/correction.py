@@ -113,9 +113,7 @@ def _none(value: Any) -> Any:
     return None if isinstance(value, str) and value.strip().lower() == NONE else value
 
 
-def resolve(
-    algorithm: AlgorithmSection, options: _Options | None = None
-) -> Correction | None:
+def resolve(algorithm: AlgorithmSection, options: _Options | None = None) -> Correction | None:
     """``[algorithm.rollout_correction]`` as verl's config, checked; None when nothing is set.
 
     Every error names the key, the value and what verl allows.

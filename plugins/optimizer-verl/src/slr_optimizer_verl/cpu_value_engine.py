@@ -33,20 +33,25 @@ class CPUValueEngine(FSDPEngineWithValueHead):
         from transformers import AutoModelForTokenClassification
         from verl.utils.torch_dtypes import PrecisionType
 
-        dtype = PrecisionType.to_dtype(self.engine_config.model_dtype or "fp32")
-        hf_config = self.model_config.hf_config
+        # set by verl's FSDPEngine.__init__ (undeclared on the class, so read through Any)
+        engine: Any = self
+        engine_config, model_config = engine.engine_config, engine.model_config
+        dtype = PrecisionType.to_dtype(engine_config.model_dtype or "fp32")
+        hf_config = model_config.hf_config
         # what verl's _build_module sets on a value model's config
         hf_config.num_labels = 1
         hf_config.classifier_dropout = 0.0
         hf_config.hidden_dropout = "0"
         hf_config.summary_dropout_prob = 0.0
         module = AutoModelForTokenClassification.from_pretrained(
-            self.model_config.local_path,
+            model_config.local_path,
             dtype=dtype,
             config=hf_config,
-            trust_remote_code=self.model_config.trust_remote_code,
+            trust_remote_code=model_config.trust_remote_code,
         )
         module.to(dtype)
-        if self.model_config.enable_gradient_checkpointing:
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if model_config.enable_gradient_checkpointing:
+            module.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         return module

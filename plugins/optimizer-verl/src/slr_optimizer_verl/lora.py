@@ -18,7 +18,8 @@ from slr import lora as adapter_format
 from slr.contracts.weights import LoraSpec, WeightUpdate
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
+def _full(tensor: Any) -> torch.Tensor:
+    """A parameter whole on the CPU (an FSDP2 DTensor's shards gathered)."""
     full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
     return full.detach().to("cpu", copy=True)
 
@@ -26,8 +27,7 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 def spec(module: Any, *, rank: int, alpha: float, base_model: str) -> LoraSpec:
     """The adapter verl put on ``module`` (its peft model), by the base model's module names."""
     modules = tuple(
-        name.removeprefix(adapter_format.PREFIX)
-        for name in adapter_format.adapted_modules(module)
+        name.removeprefix(adapter_format.PREFIX) for name in adapter_format.adapted_modules(module)
     )
     return LoraSpec(rank=rank, alpha=alpha, modules=modules, base_model=base_model)
 

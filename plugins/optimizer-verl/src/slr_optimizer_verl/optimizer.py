@@ -56,6 +56,7 @@ from slr.errors import ConfigError
 from slr_optimizer_verl import checkpoint, lora
 from slr_optimizer_verl.batch import Layout, to_verl
 from slr_optimizer_verl.config import VerlOptimizerConfig
+from slr_optimizer_verl.fused import ClassForward
 from slr_optimizer_verl.roles import build_group, value_loss_fn
 from slr_optimizer_verl.verl_names import (
     actor_config,
@@ -145,10 +146,12 @@ class VerlOptimizer:
             )
         self.ref: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
-        self.group = build_group(
-            "actor", config, loss_fn=ppo_loss_fn(self.actor_cfg), device=self.device
-        )
+        # verl's fused path replaces the model class's forward process-wide (fused.py)
+        self._forward = ClassForward.of(config) if options.use_fused_kernels else None
         try:
+            self.group = build_group(
+                "actor", config, loss_fn=ppo_loss_fn(self.actor_cfg), device=self.device
+            )
             if ref_config is not None:
                 self.ref = build_group("ref", ref_config, loss_fn=None, device=self.device)
             if critic is not None:
@@ -180,10 +183,11 @@ class VerlOptimizer:
 
     def close(self) -> None:
         # the actor's group started the process group: it goes last
-        for group in (self.critic, self.ref):
+        for group in (self.critic, self.ref, getattr(self, "group", None)):
             if group is not None:
                 group.close()
-        self.group.close()
+        if self._forward is not None:
+            self._forward.restore()
 
     # -- the step ------------------------------------------------------------------------
 

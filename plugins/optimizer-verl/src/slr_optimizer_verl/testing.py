@@ -65,7 +65,7 @@ def near_policy(
             own = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
             own = own + noise * torch.randn(own.shape, generator=g)
             mask = torch.tensor(seg.loss_mask[1:], dtype=torch.float32)
-            logprobs = [0.0] + (own * mask).tolist()
+            logprobs = [0.0, *(own * mask).tolist()]
             segments.append(attrs.evolve(seg, logprobs=logprobs))
         out.append(attrs.evolve(t, trajectory=attrs.evolve(t.trajectory, segments=segments)))
     return out
@@ -174,9 +174,7 @@ def compare(
             "torch_grad_norm": torch_metrics["actor/grad_norm"],
             "verl_grad_norm": verl_metrics["actor/grad_norm"],
             "loss_rel": rel(torch_metrics["actor/pg_loss"], verl_metrics["actor/pg_loss"]),
-            "grad_norm_rel": rel(
-                torch_metrics["actor/grad_norm"], verl_metrics["actor/grad_norm"]
-            ),
+            "grad_norm_rel": rel(torch_metrics["actor/grad_norm"], verl_metrics["actor/grad_norm"]),
             "logprobs_rel_max": float(((a - b).abs() / a.abs().clamp(min=1e-12)).max()),
             "logprobs_abs_max": float((a - b).abs().max()),
             "torch": torch_metrics,

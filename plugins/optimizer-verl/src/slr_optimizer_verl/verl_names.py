@@ -19,11 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from slr_optimizer_torch.correction import Correction, policy_loss_config
 
 from slr.config import AlgorithmSection
 from slr.errors import ConfigError
-from slr_optimizer_torch.correction import Correction, policy_loss_config
-
 from slr_optimizer_verl.config import VerlOptimizerConfig
 
 VERL_PATHS: dict[str, str] = {
@@ -63,8 +62,10 @@ def to_verl(options: VerlOptimizerConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, path in VERL_PATHS.items():
         value = getattr(options, name)
-        value = _VALUES.get(name, {}).get(value, value)
-        out[path] = list(value) if isinstance(value, tuple) else value
+        if isinstance(value, (tuple, list)):
+            out[path] = list(value)
+            continue
+        out[path] = _VALUES.get(name, {}).get(value, value)
     return out
 
 

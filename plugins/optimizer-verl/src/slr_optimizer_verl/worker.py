@@ -119,4 +119,3 @@ def ppo_loss_fn(actor_config: Any) -> Any:
     from verl.workers.utils.losses import ppo_loss
 
     return partial(ppo_loss, config=actor_config)
-
