@@ -138,7 +138,14 @@ def test_worker_config_is_verls_own_classes_with_the_mapped_values(tiny_model_di
     assert tuple(cfg.optimizer_config.betas) == (0.8, 0.95)
     assert math.isinf(cfg.optimizer_config.clip_grad)  # 0 = no clipping
     assert cfg.optimizer_config.override_optimizer_config == {"eps": 1e-6}
-    assert "hf_model" in cfg.checkpoint_config.save_contents
+    # with LoRA verl saves the adapter alone and no Hugging Face model (the adapter folder
+    # is the servable weights); full weights get the Hugging Face model
+    assert "hf_model" not in cfg.checkpoint_config.save_contents
+    full = worker_config(
+        attrs.evolve(opts, lora_rank=0), model_path=str(tiny_model_dir), device="cpu"
+    )
+    assert "hf_model" in full.checkpoint_config.save_contents
+    assert full.checkpoint_config.save_lora_only is False
     # LoRA and the fused path are verl's model options
     assert (cfg.model_config.lora_rank, cfg.model_config.lora_alpha) == (8, 32.0)
     assert list(cfg.model_config.target_modules) == ["q_proj", "v_proj"]
