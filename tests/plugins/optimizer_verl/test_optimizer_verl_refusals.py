@@ -93,3 +93,18 @@ def test_a_critic_model_verl_cannot_load_is_named(tiny_model_dir):
     with pytest.raises(ConfigError, match="critic_model") as caught:
         VerlOptimizer(opts, algorithm=AlgorithmSection(adv_estimator="gae"), temperature=1.0)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_lora_target_modules_that_match_nothing_are_named(tiny_model_dir):
+    import torch.distributed as dist
+    from slr_optimizer_verl.optimizer import VerlOptimizer
+
+    opts = VerlOptimizerConfig(
+        model=str(tiny_model_dir), device="cpu", lora_rank=4, target_modules=["no_such_proj"]
+    )
+    with pytest.raises(ConfigError, match="target_modules") as caught:
+        VerlOptimizer(opts, algorithm=AlgorithmSection(), temperature=1.0)
+    assert "\n" not in str(caught.value)
+    assert not dist.is_initialized(), "a failed start leaves no process group behind"

@@ -158,8 +158,15 @@ class VerlOptimizer:
                 self.critic = build_group(
                     "critic", critic, loss_fn=value_loss_fn(self.critic_cfg), device=self.device
                 )
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if options.lora_rank > 0 and isinstance(exc, ValueError) and "target" in str(exc):
+                first = str(exc).strip().splitlines()[0]
+                raise ConfigError(
+                    f"[optimizer] target_modules = {options.target_modules!r} does not fit "
+                    f"{self.model_path!r}: {first}. Write 'all-linear', or module names such as "
+                    f"['q_proj', 'v_proj']"
+                ) from exc
             raise
         self.lora: LoraSpec | None = None
         if options.lora_rank > 0:
