@@ -35,6 +35,13 @@ CHANGED = VerlOptimizerConfig(
     ppo_mini_batch_size=4,
     old_logprobs="rollout",
     gradient_checkpointing=True,
+    lora_rank=8,
+    lora_alpha=32.0,
+    target_modules=["q_proj", "v_proj"],
+    use_fused_kernels=True,
+    cliprange_value=0.2,
+    critic_model="critic/folder",
+    critic_lr=2e-6,
 )
 
 
@@ -131,4 +138,47 @@ def test_worker_config_is_verls_own_classes_with_the_mapped_values(tiny_model_di
     assert tuple(cfg.optimizer_config.betas) == (0.8, 0.95)
     assert math.isinf(cfg.optimizer_config.clip_grad)  # 0 = no clipping
     assert cfg.optimizer_config.override_optimizer_config == {"eps": 1e-6}
-    assert "hf_model" in cfg.checkpoint_config.save_contents
+    # with LoRA verl saves the adapter alone and no Hugging Face model (the adapter folder
+    # is the servable weights); full weights get the Hugging Face model
+    assert "hf_model" not in cfg.checkpoint_config.save_contents
+    full = worker_config(
+        attrs.evolve(opts, lora_rank=0), model_path=str(tiny_model_dir), device="cpu"
+    )
+    assert "hf_model" in full.checkpoint_config.save_contents
+    assert full.checkpoint_config.save_lora_only is False
+    # LoRA and the fused path are verl's model options
+    assert (cfg.model_config.lora_rank, cfg.model_config.lora_alpha) == (8, 32.0)
+    assert list(cfg.model_config.target_modules) == ["q_proj", "v_proj"]
+    assert cfg.model_config.use_fused_kernels is True
+    assert cfg.model_config.fused_kernel_options["impl_backend"] == "torch"
+    assert cfg.checkpoint_config.save_lora_only is True
+
+
+def test_reference_and_critic_configs_are_verls_roles(tiny_model_dir):
+    from slr_optimizer_verl.verl_names import (
+        critic_config,
+        critic_worker_config,
+        ref_worker_config,
+    )
+    from verl.workers.config import FSDPCriticConfig
+
+    from slr.config import AlgorithmSection
+
+    path = str(tiny_model_dir)
+    opts = attrs.evolve(CHANGED, dtype="float32")
+    ref = ref_worker_config(opts, model_path=path, device="cpu")
+    assert ref.model_config.lora_rank == 0, "the reference is the initial policy, no adapter"
+    # verl's forward-only engine pins host memory (needs an accelerator); on the CPU it is
+    # a training engine that never steps
+    assert ref.engine_config.forward_only is False
+    assert ref_worker_config(opts, model_path=path, device="cuda").engine_config.forward_only
+    critic = critic_worker_config(opts, model_path=path, tokenizer_path=path, device="cpu")
+    assert critic.model_type == "value_model"
+    assert critic.optimizer_config.lr == 2e-6
+    assert critic.model_config.use_fused_kernels is False
+    loss_config = critic_config(AlgorithmSection(loss_agg_mode="seq-mean-token-mean"), opts)
+    assert isinstance(loss_config, FSDPCriticConfig)
+    assert (loss_config.cliprange_value, loss_config.loss_agg_mode) == (
+        0.2,
+        "seq-mean-token-mean",
+    )

@@ -1,6 +1,6 @@
 """The verl optimizer is found by name through the plugin manager with its own options, and
-what it does not build yet is refused by name at construction, in one line that says what
-to do, before any of verl's workers start."""
+what it cannot build is refused by name at construction, in one line that says what to do,
+before any of verl's workers start."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import attrs
 import pytest
 from slr_optimizer_verl.config import VerlOptimizerConfig
 
-from slr.config import AlgorithmSection, load_config
+from slr.config import AlgorithmSection, RolloutCorrectionSection, load_config
 from slr.errors import ConfigError
 from slr.plugins import PluginManager
 
@@ -32,9 +32,25 @@ def test_optimizer_name_verl_takes_its_own_options():
         ({"world_size": 2}, {}, "world_size = 2"),
         ({"model": "/nonexistent/model"}, {}, "cannot load model"),
         ({"model": ""}, {}, "no model to train"),
-        ({}, {"adv_estimator": "gae"}, "critic"),
-        ({}, {"use_kl_loss": True}, "reference worker"),
         ({}, {"policy_loss": "no-such-loss"}, "not a verl policy loss"),
+        (
+            {},
+            {"rollout_correction": RolloutCorrectionSection(preset="no-such-preset")},
+            "not a verl RolloutCorrectionConfig preset",
+        ),
+        (
+            {"old_logprobs": "rollout"},
+            {"rollout_correction": RolloutCorrectionSection(preset="decoupled_token_is")},
+            "old_logprobs = 'rollout'",
+        ),
+        (
+            {},
+            {
+                "policy_loss": "gspo",
+                "rollout_correction": RolloutCorrectionSection(preset="bypass_ppo_clip"),
+            },
+            "bypass_mode = true",
+        ),
     ],
 )
 def test_what_is_not_built_is_refused_by_name(options, algorithm, names):
@@ -66,3 +82,29 @@ def test_a_process_where_verl_already_chose_its_platform_is_told_so():
     assert done.returncode != 0
     assert "verl already chose the" in done.stderr
     assert "VERL_PLATFORM=cpu" in done.stderr
+
+
+def test_a_critic_model_verl_cannot_load_is_named(tiny_model_dir):
+    from slr_optimizer_verl.optimizer import VerlOptimizer
+
+    opts = VerlOptimizerConfig(
+        model=str(tiny_model_dir), device="cpu", critic_model="/nonexistent/critic"
+    )
+    with pytest.raises(ConfigError, match="critic_model") as caught:
+        VerlOptimizer(opts, algorithm=AlgorithmSection(adv_estimator="gae"), temperature=1.0)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_lora_target_modules_that_match_nothing_are_named(tiny_model_dir):
+    import torch.distributed as dist
+    from slr_optimizer_verl.optimizer import VerlOptimizer
+
+    opts = VerlOptimizerConfig(
+        model=str(tiny_model_dir), device="cpu", lora_rank=4, target_modules=["no_such_proj"]
+    )
+    with pytest.raises(ConfigError, match="target_modules") as caught:
+        VerlOptimizer(opts, algorithm=AlgorithmSection(), temperature=1.0)
+    assert "\n" not in str(caught.value)
+    assert not dist.is_initialized(), "a failed start leaves no process group behind"

@@ -53,6 +53,22 @@ class TrainerOptions:
     seed: int = option(
         0, doc="Seed for mini-batch shuffling (saved and restored with checkpoints)."
     )
+    cliprange_value: float = option(0.5, doc="gae only: verl's value clip range.")
+    lora_rank: int = option(
+        0,
+        doc="LoRA rank (verl's name): > 0 trains only a LoRA adapter (peft) on target_modules, "
+        "the base weights frozen, and only the adapter is synced to the engines and "
+        "checkpointed; 0: full weights.",
+        validator=validators.ge(0),
+    )
+    lora_alpha: float = option(
+        16.0, doc="LoRA alpha: the adapter's output is scaled by lora_alpha / lora_rank."
+    )
+    target_modules: str | list[str] = option(
+        "all-linear",
+        doc="Modules LoRA adapts, in peft's spelling: all-linear (every linear layer but the "
+        "output head), a list of module names (q_proj, v_proj, ...) or a regular expression.",
+    )
 
 
 @frozen(kw_only=True)
@@ -113,22 +129,6 @@ class TorchOptimizerConfig(TrainerOptions):
     )
     value_coef: float = option(
         0.5, doc="gae only: weight of the value loss (the value head shares the policy's trunk)."
-    )
-    cliprange_value: float = option(0.5, doc="gae only: verl's value clip range.")
-    lora_rank: int = option(
-        0,
-        doc="LoRA rank (verl's name): > 0 trains only a LoRA adapter (peft) on target_modules, "
-        "the base weights frozen, and only the adapter is synced to the engines and "
-        "checkpointed; 0: full weights.",
-        validator=validators.ge(0),
-    )
-    lora_alpha: float = option(
-        16.0, doc="LoRA alpha: the adapter's output is scaled by lora_alpha / lora_rank."
-    )
-    target_modules: str | list[str] = option(
-        "all-linear",
-        doc="Modules LoRA adapts, in peft's spelling: all-linear (every linear layer but the "
-        "output head), a list of module names (q_proj, v_proj, ...) or a regular expression.",
     )
     lora_dropout: float = option(
         0.0,

@@ -23,19 +23,25 @@ A section that sets nothing leaves the trainer exactly as it was (``resolve`` re
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import torch
 
 from slr.config import AlgorithmSection
 from slr.errors import ConfigError
-from slr_optimizer_torch.config import TorchOptimizerConfig
 
 #: verl's spelling of "no IS weights" / "no rejection" in TOML, which has no null.
 NONE = "none"
 LOSS_TYPES = ("ppo_clip", "reinforce")
 IS_LEVELS = ("token", "sequence")
+
+
+class _Options(Protocol):
+    """What ``resolve`` reads of an optimizer's options (the torch and verl optimizers')."""
+
+    @property
+    def old_logprobs(self) -> str: ...
 
 
 def presets() -> list[str]:
@@ -107,9 +113,7 @@ def _none(value: Any) -> Any:
     return None if isinstance(value, str) and value.strip().lower() == NONE else value
 
 
-def resolve(
-    algorithm: AlgorithmSection, options: TorchOptimizerConfig | None = None
-) -> Correction | None:
+def resolve(algorithm: AlgorithmSection, options: _Options | None = None) -> Correction | None:
     """``[algorithm.rollout_correction]`` as verl's config, checked; None when nothing is set.
 
     Every error names the key, the value and what verl allows.

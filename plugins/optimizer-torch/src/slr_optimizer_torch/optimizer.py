@@ -486,6 +486,7 @@ class TorchOptimizer:
                 )
                 kl_loss = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=mode, **info)
                 loss = loss + algo.kl_loss_coef * kl_loss
+                acc.add_sum("actor/kl_loss", float(kl_loss.detach()))
                 if n_tokens:
                     acc.add_weighted({"actor/kl_ref": float(kld[mask].detach().mean())}, n_tokens)
             if self.value_head is not None:

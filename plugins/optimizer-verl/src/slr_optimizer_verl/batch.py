@@ -21,7 +21,7 @@ shifted tensors (``(B, L-1)``, column ``t`` scoring token ``t + 1``) hold in col
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -79,11 +79,15 @@ def to_verl(
     advantages: torch.Tensor | None = None,
     old_log_probs: torch.Tensor | None = None,
     layout: Layout | None = None,
+    response_mask: torch.Tensor | None = None,
+    extra: Mapping[str, torch.Tensor] | None = None,
 ) -> Any:
     """``rows`` of ``tb`` as verl's padded ``TensorDict`` (the fields in the module doc).
 
-    ``advantages`` and ``old_log_probs`` are torch-layout ``(B, L-1)`` tensors; the batch's
-    own advantages are used when ``advantages`` is None and it has them.
+    ``advantages``, ``old_log_probs``, ``response_mask`` (the loss mask: the batch's, less
+    what rollout correction rejected) and each of ``extra`` (by verl's field name:
+    ``ref_log_prob``, ``rollout_is_weights``, ``values``, ``returns``) are torch-layout
+    ``(B, L-1)`` tensors; the batch's own advantages and response mask are used when not given.
     """
     from tensordict import TensorDict
 
@@ -107,7 +111,9 @@ def to_verl(
         "input_ids": torch.cat([prompts, responses], dim=1),
         "attention_mask": attention,
         "position_ids": (attention.cumsum(dim=1) - 1).clamp(min=0),
-        "response_mask": layout.response(tb.response_mask, rows),
+        "response_mask": layout.response(
+            tb.response_mask if response_mask is None else response_mask, rows
+        ),
         "rollout_log_probs": layout.response(tb.rollout_logprobs, rows),
     }
     advantages = advantages if advantages is not None else tb.advantages
@@ -115,4 +121,6 @@ def to_verl(
         fields["advantages"] = layout.response(advantages, rows)
     if old_log_probs is not None:
         fields["old_log_probs"] = layout.response(old_log_probs, rows)
+    for name, tensor in (extra or {}).items():
+        fields[name] = layout.response(tensor, rows)
     return TensorDict(fields, batch_size=[n])

@@ -57,6 +57,23 @@ class VerlOptimizerConfig(TrainerOptions):
         doc="The PPO ratio's denominator: recompute (verl's forward-only pass before the "
         "update) or rollout (the engine's behaviour log-probs).",
     )
+    use_fused_kernels: bool = option(
+        False,
+        doc="verl's fused log-prob path in its FSDP engine (model.use_fused_kernels, the torch "
+        "backend): log-probs and entropy from the last hidden states and the output head, a "
+        "chunk at a time, so no tokens x vocabulary logits tensor is held.",
+    )
+    critic_model: str = option(
+        "",
+        doc="gae only: the critic's model folder (verl's critic.model.path); empty: the "
+        "policy's model, with a new value head (num_labels = 1) as verl loads it.",
+    )
+    critic_lr: float = option(
+        1e-5,
+        doc="gae only: the critic's AdamW learning rate (verl's critic.optim.lr); its other "
+        "AdamW settings are the policy's.",
+        validator=validators.gt(0.0),
+    )
     weight_bucket_bytes: int = option(
         256 * 1024 * 1024,
         doc="Most bytes in one bucket of weights published to the engines (weight_buckets).",

@@ -10,6 +10,8 @@ tool output is masked out of the loss, rows of different lengths.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,8 +42,59 @@ def agreement_trials(
     return trials
 
 
-def _rel(a: float, b: float) -> float:
+def near_policy(
+    model_path: str, trials: list[TrialResult], *, temperature: float, noise: float, seed: int = 0
+) -> list[TrialResult]:
+    """``trials`` with behaviour log-probs near the model's own: its log-prob of each policy
+    token (``log_softmax(logits / temperature)``) plus Gaussian ``noise``, as an engine a
+    little off the trainer would record, so off-policy correction weighs and rejects some
+    tokens and not others."""
+    import attrs
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in trials:
+        assert t.trajectory is not None
+        segments = []
+        for seg in t.trajectory.segments:
+            ids = torch.tensor([list(seg.token_ids)])
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0, :-1].float() / temperature
+            own = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+            own = own + noise * torch.randn(own.shape, generator=g)
+            mask = torch.tensor(seg.loss_mask[1:], dtype=torch.float32)
+            logprobs = [0.0, *(own * mask).tolist()]
+            segments.append(attrs.evolve(seg, logprobs=logprobs))
+        out.append(attrs.evolve(t, trajectory=attrs.evolve(t.trajectory, segments=segments)))
+    return out
+
+
+def rel(a: float, b: float) -> float:
+    """The relative difference of two figures (0 when both are 0)."""
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
+
+
+def critic_folder(model_path: str, folder: Path, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A value model for verl's critic, written to ``folder``: the policy's trunk and a
+    seeded value head (``score``, one label), as verl loads a critic from the policy's
+    folder, but with a head known in advance. Returns the head's ``weight`` and ``bias`` so
+    the torch optimizer's value head can start from the same one."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    config = AutoConfig.from_pretrained(model_path)
+    config.num_labels = 1
+    model = AutoModelForTokenClassification.from_pretrained(
+        model_path, config=config, dtype=torch.float32
+    )
+    g = torch.Generator().manual_seed(seed)
+    head = model.get_submodule("score")
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=g) * 0.3)
+        head.bias.copy_(torch.randn(head.bias.shape, generator=g) * 0.3)
+    model.save_pretrained(folder, safe_serialization=True)
+    return {"weight": head.weight.detach().clone(), "bias": head.bias.detach().clone()}
 
 
 def compare(
@@ -51,8 +104,17 @@ def compare(
     algorithm: AlgorithmSection | None = None,
     temperature: float = 1.0,
     lr: float = 1e-5,
+    steps: int = 1,
+    torch_options: Mapping[str, Any] | None = None,
+    verl_options: Mapping[str, Any] | None = None,
+    value_head: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """One step of each trainer on ``trials``; their figures and relative differences."""
+    """``steps`` steps of each trainer on ``trials``; the last step's figures and their
+    relative differences, and each trainer's metrics (``torch``, ``verl``).
+
+    ``torch_options`` / ``verl_options`` are further options of each; ``value_head`` (gae,
+    from ``critic_folder``) is copied into the torch optimizer's value head.
+    """
     from slr_optimizer_torch import batch as batching
     from slr_optimizer_torch.config import TorchOptimizerConfig
     from slr_optimizer_torch.optimizer import TorchOptimizer
@@ -62,27 +124,41 @@ def compare(
 
     algorithm = algorithm or AlgorithmSection()
     out: dict[str, Any] = {}
+    tb = batching.assemble(trials)
 
     t0 = time.perf_counter()
     torch_opt = TorchOptimizer(
-        TorchOptimizerConfig(model=model_path, lr=lr, dtype="float32", device="cpu", pack="none"),
+        TorchOptimizerConfig(
+            model=model_path,
+            lr=lr,
+            dtype="float32",
+            device="cpu",
+            pack="none",
+            **dict(torch_options or {}),
+        ),
         algorithm=algorithm,
         temperature=temperature,
     )
-    torch_metrics = torch_opt.step(trials)
-    tb = batching.assemble(trials)
+    if value_head is not None:
+        assert torch_opt.value_head is not None, "value_head is for gae"
+        with torch.no_grad():
+            torch_opt.value_head.linear.weight.copy_(value_head["weight"])
+            torch_opt.value_head.linear.bias.copy_(value_head["bias"])
+    torch_metrics = [torch_opt.step(trials) for _ in range(steps)][-1]
     torch_after = torch_opt._score_all(tb, torch_opt.scorer).logprobs
     out["torch_s"] = time.perf_counter() - t0
     del torch_opt
 
     t0 = time.perf_counter()
     verl_opt = VerlOptimizer(
-        VerlOptimizerConfig(model=model_path, lr=lr, dtype="float32", device="cpu"),
+        VerlOptimizerConfig(
+            model=model_path, lr=lr, dtype="float32", device="cpu", **dict(verl_options or {})
+        ),
         algorithm=algorithm,
         temperature=temperature,
     )
     try:
-        verl_metrics = verl_opt.step(trials)
+        verl_metrics = [verl_opt.step(trials) for _ in range(steps)][-1]
         verl_after = verl_opt.logprobs(tb)
     finally:
         verl_opt.close()
@@ -97,12 +173,12 @@ def compare(
             "verl_loss": verl_metrics["actor/pg_loss"],
             "torch_grad_norm": torch_metrics["actor/grad_norm"],
             "verl_grad_norm": verl_metrics["actor/grad_norm"],
-            "loss_rel": _rel(torch_metrics["actor/pg_loss"], verl_metrics["actor/pg_loss"]),
-            "grad_norm_rel": _rel(
-                torch_metrics["actor/grad_norm"], verl_metrics["actor/grad_norm"]
-            ),
+            "loss_rel": rel(torch_metrics["actor/pg_loss"], verl_metrics["actor/pg_loss"]),
+            "grad_norm_rel": rel(torch_metrics["actor/grad_norm"], verl_metrics["actor/grad_norm"]),
             "logprobs_rel_max": float(((a - b).abs() / a.abs().clamp(min=1e-12)).max()),
             "logprobs_abs_max": float((a - b).abs().max()),
+            "torch": torch_metrics,
+            "verl": verl_metrics,
         }
     )
     return out

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from slr_optimizer_torch.correction import Correction, policy_loss_config
 
 from slr.config import AlgorithmSection
 from slr.errors import ConfigError
@@ -39,6 +40,13 @@ VERL_PATHS: dict[str, str] = {
     "ppo_mini_batch_size": "actor_rollout_ref.actor.ppo_mini_batch_size",
     "old_logprobs": "algorithm.rollout_correction.bypass_mode",
     "gradient_checkpointing": "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "lora_rank": "actor_rollout_ref.model.lora_rank",
+    "lora_alpha": "actor_rollout_ref.model.lora_alpha",
+    "target_modules": "actor_rollout_ref.model.target_modules",
+    "use_fused_kernels": "actor_rollout_ref.model.use_fused_kernels",
+    "cliprange_value": "critic.cliprange_value",
+    "critic_model": "critic.model.path",
+    "critic_lr": "critic.optim.lr",
 }
 
 #: slr's spelling -> verl's, per option whose values verl spells differently.
@@ -54,8 +62,10 @@ def to_verl(options: VerlOptimizerConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, path in VERL_PATHS.items():
         value = getattr(options, name)
-        value = _VALUES.get(name, {}).get(value, value)
-        out[path] = list(value) if isinstance(value, tuple) else value
+        if isinstance(value, (tuple, list)):
+            out[path] = list(value)
+            continue
+        out[path] = _VALUES.get(name, {}).get(value, value)
     return out
 
 
@@ -94,6 +104,8 @@ def from_verl(
             value = back[value]
         if name == "betas":
             value = tuple(value)
+        if name == "target_modules" and not isinstance(value, str):
+            value = list(value)
         changes[name] = value
     try:
         return attrs.evolve(base or VerlOptimizerConfig(), **changes)
@@ -101,9 +113,12 @@ def from_verl(
         raise ConfigError(f"verl settings do not make valid [optimizer] options: {exc}") from exc
 
 
-def actor_config(algorithm: AlgorithmSection, options: VerlOptimizerConfig) -> Any:
-    """verl's ``ActorConfig``: what its ``ppo_loss`` and policy losses read."""
-    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+def actor_config(
+    algorithm: AlgorithmSection, options: VerlOptimizerConfig, correction: Correction | None = None
+) -> Any:
+    """verl's ``ActorConfig``: what its ``ppo_loss`` and policy losses read; in rollout
+    correction's bypass mode its policy loss is verl's ``bypass_mode`` (``apply_bypass_mode``)."""
+    from verl.workers.config.actor import ActorConfig
 
     return ActorConfig(
         strategy=options.strategy,
@@ -115,7 +130,7 @@ def actor_config(algorithm: AlgorithmSection, options: VerlOptimizerConfig) -> A
         clip_ratio=algorithm.clip_ratio_low,
         clip_ratio_low=algorithm.clip_ratio_low,
         clip_ratio_high=algorithm.clip_ratio_high,
-        policy_loss=PolicyLossConfig(loss_mode=algorithm.policy_loss),
+        policy_loss=policy_loss_config(correction, algorithm.policy_loss),
         loss_agg_mode=algorithm.loss_agg_mode,
         entropy_coeff=algorithm.entropy_coeff,
         use_kl_loss=algorithm.use_kl_loss,
@@ -126,24 +141,35 @@ def actor_config(algorithm: AlgorithmSection, options: VerlOptimizerConfig) -> A
     )
 
 
-def worker_config(options: VerlOptimizerConfig, *, model_path: str, device: str) -> Any:
-    """verl's ``TrainingWorkerConfig`` for the actor: model, FSDP engine, AdamW, checkpoints."""
-    from verl.trainer.config.config import CheckpointConfig
-    from verl.workers.config import (
-        FSDPEngineConfig,
-        FSDPOptimizerConfig,
-        HFModelConfig,
-        TrainingWorkerConfig,
-    )
+def _model(
+    options: VerlOptimizerConfig, path: str, *, lora: bool, tokenizer_path: str | None = None
+) -> Any:
+    from verl.workers.config import HFModelConfig
 
-    dtype = _DTYPES[options.dtype]
-    model = HFModelConfig(
-        path=model_path,
+    extra: dict[str, Any] = {}
+    if lora and options.lora_rank > 0:
+        extra.update(
+            lora_rank=options.lora_rank,
+            lora_alpha=options.lora_alpha,
+            target_modules=options.target_modules,
+        )
+    return HFModelConfig(
+        path=path,
+        tokenizer_path=tokenizer_path,
         use_remove_padding=False,  # verl's no-padding path needs flash-attn's varlen kernels
         enable_gradient_checkpointing=options.gradient_checkpointing,
         override_config={"attn_implementation": options.attn_implementation},
+        use_fused_kernels=options.use_fused_kernels,
+        fused_kernel_options={"impl_backend": "torch"},
+        **extra,
     )
-    engine = FSDPEngineConfig(
+
+
+def _engine(options: VerlOptimizerConfig, device: str, *, forward_only: bool = False) -> Any:
+    from verl.workers.config import FSDPEngineConfig
+
+    dtype = _DTYPES[options.dtype]
+    return FSDPEngineConfig(
         strategy=options.strategy,
         model_dtype=dtype,
         # verl's default mixed precision computes in bf16; the parameters' dtype throughout
@@ -153,9 +179,15 @@ def worker_config(options: VerlOptimizerConfig, *, model_path: str, device: str)
         infer_max_token_len_per_gpu=options.micro_batch_tokens,
         use_torch_compile=device != "cpu",
         seed=options.seed,
+        forward_only=forward_only,
     )
-    optim = FSDPOptimizerConfig(
-        lr=options.lr,
+
+
+def _optimizer(options: VerlOptimizerConfig, lr: float) -> Any:
+    from verl.workers.config import FSDPOptimizerConfig
+
+    return FSDPOptimizerConfig(
+        lr=lr,
         weight_decay=options.weight_decay,
         betas=(options.betas[0], options.betas[1]),
         # verl hands clip_grad to clip_grad_norm_, where 0 would zero every gradient
@@ -163,14 +195,90 @@ def worker_config(options: VerlOptimizerConfig, *, model_path: str, device: str)
         override_optimizer_config={"eps": options.eps},
         lr_scheduler_type="constant",
     )
+
+
+def worker_config(options: VerlOptimizerConfig, *, model_path: str, device: str) -> Any:
+    """verl's ``TrainingWorkerConfig`` for the actor: model (LoRA and fused kernels as
+    configured), FSDP engine, AdamW, checkpoints."""
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.workers.config import TrainingWorkerConfig
+
+    lora = options.lora_rank > 0
     checkpoint = CheckpointConfig(
-        save_contents=["model", "optimizer", "extra", "hf_model"],
+        # with LoRA only the adapter trains: verl saves it alone (the base is the model
+        # folder) and the servable weights are the adapter folder (checkpoint.py)
+        save_contents=["model", "optimizer", "extra"] + ([] if lora else ["hf_model"]),
         load_contents=["model", "optimizer", "extra"],
+        save_lora_only=lora,
     )
     return TrainingWorkerConfig(
         model_type="language_model",
-        model_config=model,
-        engine_config=engine,
-        optimizer_config=optim,
+        model_config=_model(options, model_path, lora=True),
+        engine_config=_engine(options, device),
+        optimizer_config=_optimizer(options, options.lr),
         checkpoint_config=checkpoint,
+    )
+
+
+def ref_worker_config(options: VerlOptimizerConfig, *, model_path: str, device: str) -> Any:
+    """verl's reference worker (``ActorRolloutRefWorker.init_model``'s ``ref``): the initial
+    policy, never trained, read by ``infer_batch`` only.
+
+    verl builds it ``forward_only``, which in its FSDP2 engine means parameters offloaded with
+    ``CPUOffloadPolicy(pin_memory=True)`` (``verl/workers/engine/fsdp/transformer_impl.py``,
+    ``_build_fsdp_module``: ``if self.engine_config.offload_policy or
+    self.engine_config.forward_only``), and pinning host memory needs an accelerator. On the
+    CPU the parameters are in host memory anyway: the reference is built as a training
+    engine that is never stepped (its AdamW holds no state until a step, so it costs nothing).
+    """
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.workers.config import TrainingWorkerConfig
+
+    forward_only = device != "cpu"
+    return TrainingWorkerConfig(
+        model_type="language_model",
+        model_config=_model(options, model_path, lora=False),
+        engine_config=_engine(options, device, forward_only=forward_only),
+        optimizer_config=None if forward_only else _optimizer(options, options.lr),
+        checkpoint_config=CheckpointConfig(save_contents=[], load_contents=[]),
+    )
+
+
+def critic_worker_config(
+    options: VerlOptimizerConfig, *, model_path: str, tokenizer_path: str, device: str
+) -> Any:
+    """verl's critic worker (``RayPPOTrainer.init_workers``: a ``TrainingWorker`` of
+    ``model_type = "value_model"``): its own model (the policy's tokenizer, as verl's
+    ``critic.model.tokenizer_path`` defaults) and AdamW (``critic_lr``)."""
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.workers.config import TrainingWorkerConfig
+
+    options = attrs.evolve(options, use_fused_kernels=False)
+    model = _model(options, model_path, lora=False, tokenizer_path=tokenizer_path)
+    return TrainingWorkerConfig(
+        model_type="value_model",
+        model_config=model,
+        engine_config=_engine(options, device),
+        optimizer_config=_optimizer(options, options.critic_lr),
+        checkpoint_config=CheckpointConfig(
+            save_contents=["model", "optimizer", "extra"],
+            load_contents=["model", "optimizer", "extra"],
+        ),
+    )
+
+
+def critic_config(algorithm: AlgorithmSection, options: VerlOptimizerConfig) -> Any:
+    """verl's ``CriticConfig``: what its ``value_loss`` reads (clip range, aggregation)."""
+    from verl.workers.config import FSDPCriticConfig
+
+    return FSDPCriticConfig(
+        strategy=options.strategy,
+        rollout_n=1,
+        ppo_mini_batch_size=1,
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=options.micro_batch_tokens,
+        ppo_epochs=options.ppo_epochs,
+        cliprange_value=options.cliprange_value,
+        loss_agg_mode=algorithm.loss_agg_mode,
+        loss_scale_factor=algorithm.loss_scale_factor,
     )
