@@ -130,7 +130,18 @@ class EngineActor:
             "weights_version": int(self.engine.weights_version),
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
+            "nice": os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0,
         }
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None
+    ) -> Generation | _Failure:
+        """A whole generation as one reply: one Ray round trip for a call that is not
+        streamed (cancelling this task closes the engine's stream, as for ``stream``)."""
+        try:
+            return await self.engine.generate(prompt_ids, sampling, session_id=session_id)
+        except Exception as exc:  # as data: the driver raises it again as its own type
+            return _Failure.of(exc)
 
     # One object in flight per stream: the generator waits at its yield until the consumer
     # has taken the previous chunk, and the tokens sampled meanwhile go out as one object.
@@ -284,6 +295,8 @@ class RayEngine:
         self._closed = False
         # False: one Ray object per token, as streams went before chunking (benchmarks only)
         self.chunked = True
+        # False: ``generate`` collects the stream, as before it was one call (benchmarks only)
+        self.single_call = True
 
     @property
     def tokenizer(self) -> Any:
@@ -346,7 +359,30 @@ class RayEngine:
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Generation:
-        return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
+        """One actor call that returns the whole generation: a single Ray reply, not a
+        stream of objects each reported, acknowledged and awaited on the proxy's loop."""
+        import ray
+        from ray.exceptions import RayError
+
+        if not self.single_call:
+            return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
+        if self._closed:
+            raise EngineUnavailable(f"engine replica {self.name} is closed")
+        ref = self.actor.generate.remote([int(t) for t in prompt_ids], sampling, session_id)
+        try:
+            item = await ref
+        except RayError as exc:
+            raise self._gone(exc) from exc
+        except asyncio.CancelledError:
+            # The caller went away (its client, or its session closed): cancel the actor's
+            # task, which closes the engine's stream at the next token boundary.
+            ray.cancel(ref)
+            raise
+        if isinstance(item, _Failure):
+            raise item.error(self.name)
+        if item.weights_versions:
+            self._version = max(self._version, item.weights_versions[-1])
+        return item
 
     async def update_weights(
         self,
