@@ -7,11 +7,12 @@ driver-side ``Engine`` for one actor, and ``start_engine_replicas`` starts
 balancer.
 
 What crosses the process boundary is plain data (docs/engines.md, "An engine in its own
-process"): prompt ids, ``SamplingParams``, chunks. Errors the balancer and the proxy decide
+process"): prompt ids, ``SamplingParams``, chunks, generations. Errors the balancer and the proxy decide
 on (``ContextOverflow``, ``ValueError``, ``EngineUnavailable``) travel as a ``_Failure``
 record and are raised again, as the same type, on the driver's side; a replica that is gone
 (killed, crashed, its node lost) surfaces as ``EngineUnavailable``, which makes the balancer
-move the session. A stream's chunks come through a Ray streaming generator; a consumer that
+move the session. ``generate`` is one actor call (one reply: the whole generation);
+a stream's chunks come through a Ray streaming generator; a consumer that
 stops cancels the actor's task, which closes the engine's stream at its next token boundary.
 One Ray object carries every token sampled since the consumer took the previous one
 (``_Coalescer``), not one token each.
@@ -293,8 +294,6 @@ class RayEngine:
         self._connection = connection
         self._published: tuple[Any, int] | None = None  # (object ref, version) last pushed
         self._closed = False
-        # False: one Ray object per token, as streams went before chunking (benchmarks only)
-        self.chunked = True
         # False: ``generate`` collects the stream, as before it was one call (benchmarks only)
         self.single_call = True
 
@@ -323,10 +322,7 @@ class RayEngine:
 
         if self._closed:
             raise EngineUnavailable(f"engine replica {self.name} is closed")
-        method = self.actor.stream
-        if not self.chunked:  # no backpressure: the actor yields each token as it comes
-            method = method.options(_generator_backpressure_num_objects=-1)
-        calls = method.remote(prompt_ids, sampling, session_id)
+        calls = self.actor.stream.remote(prompt_ids, sampling, session_id)
         finished = False
         try:
             async for ref in calls:
