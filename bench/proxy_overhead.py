@@ -22,11 +22,10 @@ report gives the median and the spread (min-max) over the repeats:
   engine (submit to last token), record and write (the reply built, recorded, sent), and
   proxy to client (the SDK reads and parses it). Stamps are ``time.perf_counter`` in each
   process (the system's monotonic clock, shared by processes on Linux).
-* with ``--engine ray``, variants side by side in one run: ``before`` (the replica at the
-  driver's CPU priority, ``engine_nice = 0``, and ``generate`` collecting the replica's
-  chunked stream: several Ray objects per call) and ``after`` (the defaults:
-  ``engine_nice = 10``, one Ray call per ``generate``); ``nice-only`` and ``call-only``
-  separate the two.
+* with ``--engine ray``, two variants side by side in one run, each its own replica:
+  ``before`` (``generate`` collects the replica's chunked stream: several Ray objects per
+  call, each reported, acknowledged and awaited on the proxy's loop) and ``after`` (one
+  actor call per ``generate``: one reply). The replicas' CPU priority (nice) is reported.
 * the proxy process's CPU per call (all its threads: the proxy's loop and, with Ray, the
   driver's own threads) and the proxy thread's alone, and the load average the setting ran
   under (other jobs on a shared machine show up there).
