@@ -316,6 +316,10 @@ def main() -> None:
     import tempfile
 
     import torch
+
+    from slr import log
+
+    log.configure(stream=sys.stderr)  # stdout holds the report (one JSON object with --json)
     from slr_engine_hf.tiny import save, tiny_model
 
     from slr.config import ProxySection
