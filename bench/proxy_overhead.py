@@ -1,25 +1,36 @@
-"""What the proxy adds to a model call: latency and its own CPU.
+"""What the proxy adds to a model call: latency, where it goes, and the proxy's own CPU.
 
-    python bench/proxy_overhead.py [--engine ray|embedded] [--runs 3] [--concurrency 1 8 32]
-                                   [--calls 8] [--turns 50] [--json]
+    python bench/proxy_overhead.py [--engine ray|embedded] [--repeat 3] [--concurrency 1 8 32]
+                                   [--variants before after] [--calls 8] [--turns 50] [--json]
 
 Serves a tiny random model (SmolLM2 tokenizer and template, every call generates exactly
 ``--max-tokens`` tokens) with the real ``HfEngine`` behind a real proxy. ``--engine ray``
-(the default) runs the engine out of the proxy's process, as one replica actor of a local
+(the default) runs the engine out of the proxy's process, as a replica actor of a local
 Ray (``[run] engine_replicas = 1``); ``embedded`` decodes in a thread of the proxy's own
-process. It reports, for each of ``--runs`` runs, then the median and spread over them:
+process. Each setting (sessions x variant) runs ``--repeat`` times, interleaved, and the
+report gives the median and the spread (min-max) over the repeats:
 
 * added latency per call at 1, 8 and 32 concurrent sessions: for every call, the client's
-  end-to-end time minus the engine's own ``generate`` time for that call (p50 / p99), beside
-  the latency of calling the engine directly, and the HTTP floor (the same client's
-  ``GET /v1/models`` round trip: SDK + HTTP, no model work). Clients run in a separate process (the openai
-  SDK's async client) so their CPU does not count as the proxy's.
-* with ``--engine ray``, each setting twice, interleaved: the replica's stream chunked (one
-  Ray object carries every token sampled since the proxy took the previous one: today) and
-  one Ray object per token (before); ``--stream chunked`` or ``per-token`` runs one only.
-* the proxy's own CPU per call (its thread's CPU time: HTTP, parsing, rendering,
-  tokenization, capture; the engine computes in its own thread) at turn 1 and turn N of one
-  long conversation, beside what a full re-render and re-tokenization would cost at turn N.
+  end-to-end time minus the engine's own ``generate`` time for that call (p50 / p99),
+  beside the latency of calling the engine directly (same prompts, same concurrency, from
+  the proxy's loop), and the HTTP floor (the same client's ``GET /v1/models``: SDK + HTTP,
+  no model work). Clients run in a separate process (the openai SDK's async client) so
+  their CPU does not count as the proxy's.
+* where each call's time went, hop by hop (p50 / p99 over calls): client to proxy (the
+  SDK builds and sends the request, the proxy's loop takes it), parse (body, routing,
+  decoding), the session's lock, prepare (chat template, tokenization, prefix reuse), the
+  engine (submit to last token), record and write (the reply built, recorded, sent), and
+  proxy to client (the SDK reads and parses it). Stamps are ``time.perf_counter`` in each
+  process (the system's monotonic clock, shared by processes on Linux).
+* with ``--engine ray``, two variants side by side in one run, each its own replica:
+  ``before`` (``generate`` collects the replica's chunked stream: several Ray objects per
+  call, each reported, acknowledged and awaited on the proxy's loop) and ``after`` (one
+  actor call per ``generate``: one reply). The replicas' CPU priority (nice) is reported.
+* the proxy process's CPU per call (all its threads: the proxy's loop and, with Ray, the
+  driver's own threads) and the proxy thread's alone, and the load average the setting ran
+  under (other jobs on a shared machine show up there).
+* the proxy's own CPU per call at turn 1 and turn N of one long conversation, beside what a
+  full re-render and re-tokenization would cost at turn N.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +46,18 @@ import time
 
 QUESTION = (
     "Please look at the next part of the repository and tell me what you find there, briefly. "
+)
+
+#: name -> one Ray call per generate (True) or the replica's chunked stream collected
+VARIANTS = {"before": False, "after": True}
+HOPS = (
+    "client_to_proxy",
+    "parse",
+    "lock_wait",
+    "prepare",
+    "engine",
+    "record_and_write",
+    "proxy_to_client",
 )
 
 
@@ -48,16 +72,26 @@ def pct(values, q):
 async def _client(spec):
     import openai
 
+    # Warm the SDK once (its first call imports and builds what later calls reuse) so that
+    # no session's first timed call waits for that; every session's connection is opened
+    # by an untimed GET /v1/models before its conversation starts.
+    warm = openai.AsyncOpenAI(base_url=spec["warmup"], api_key="k", max_retries=0)
+    await warm.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": QUESTION}], max_tokens=1
+    )
+    await warm.close()
+
     async def converse(url):
         c = openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0)
-        messages, out = [], []
+        await c.models.list()
+        messages, stamps = [], []
         for i in range(spec["calls"]):
             messages.append({"role": "user", "content": f"{QUESTION}({i})"})
             t = time.perf_counter()
             r = await c.chat.completions.create(
                 model="policy", messages=messages, max_tokens=spec["max_tokens"]
             )
-            out.append(time.perf_counter() - t)
+            stamps.append((t, time.perf_counter()))
             messages.append({"role": "assistant", "content": r.choices[0].message.content})
         floor = []
         for _ in range(spec["calls"]):
@@ -65,7 +99,7 @@ async def _client(spec):
             await c.models.list()
             floor.append(time.perf_counter() - t)
         await c.close()
-        return out, floor
+        return stamps, floor
 
     return await asyncio.gather(*(converse(u) for u in spec["urls"]))
 
@@ -74,30 +108,48 @@ async def _client(spec):
 
 
 class TimedEngine:
-    def __init__(self, engine):
-        self.engine = engine
-        self.times: dict[str, list[float]] = {}
-        self.chunks: list[int] = []  # chunks per streamed call
+    """The engine the proxy calls: stamps each call's submit and last token, per session.
+    ``target`` is the engine under test (swapped between variants)."""
 
-    tokenizer = property(lambda self: self.engine.tokenizer)
-    max_context = property(lambda self: self.engine.max_context)
-    weights_version = property(lambda self: self.engine.weights_version)
+    def __init__(self, target):
+        self.target = target
+        self.stamps: dict[str, list[tuple[float, float]]] = {}
+
+    tokenizer = property(lambda self: self.target.tokenizer)
+    max_context = property(lambda self: self.target.max_context)
+    weights_version = property(lambda self: self.target.weights_version)
 
     async def generate(self, prompt_ids, sampling, *, session_id=None):
         t = time.perf_counter()
-        gen = await self.engine.generate(prompt_ids, sampling, session_id=session_id)
-        self.times.setdefault(session_id, []).append(time.perf_counter() - t)
+        gen = await self.target.generate(prompt_ids, sampling, session_id=session_id)
+        self.stamps.setdefault(session_id, []).append((t, time.perf_counter()))
         return gen
 
-    async def stream(self, prompt_ids, sampling, *, session_id=None):
-        t = time.perf_counter()
-        n = 0
-        async for chunk in self.engine.stream(prompt_ids, sampling, session_id=session_id):
-            n += 1
-            if chunk.finish_reason is not None:  # the consumer stops at the final chunk
-                self.times.setdefault(session_id, []).append(time.perf_counter() - t)
-                self.chunks.append(n)
-            yield chunk
+    def stream(self, prompt_ids, sampling, *, session_id=None):
+        return self.target.stream(prompt_ids, sampling, session_id=session_id)
+
+
+class Stamped:
+    """ASGI middleware: when each chat call reached the app (its request line and headers
+    parsed) and when its last body byte was handed to the server, per session token."""
+
+    def __init__(self, app):
+        self.app = app
+        self.calls: dict[str, list[tuple[float, float]]] = {}
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.endswith("/chat/completions"):
+            return await self.app(scope, receive, send)
+        arrived = time.perf_counter()
+        token = path.split("/")[2]
+
+        async def stamped_send(message):
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                self.calls.setdefault(token, []).append((arrived, time.perf_counter()))
+
+        return await self.app(scope, receive, stamped_send)
 
 
 def start_engine(kind: str, model, tok, folder):
@@ -118,26 +170,140 @@ def start_engine(kind: str, model, tok, folder):
     return start_engine_replicas(config)
 
 
+def hops_of(client, asgi, engine, timing) -> dict[str, float]:
+    """One call's hops in ms, from its stamps in the three processes."""
+    (sent, received), (arrived, written), (submitted, returned) = client, asgi, engine
+    lock, prepare = timing["lock_wait"], timing["prepare"]
+    ms = {
+        "client_to_proxy": 1000 * (arrived - sent),
+        "lock_wait": lock,
+        "prepare": prepare,
+        "engine": 1000 * (returned - submitted),
+        "record_and_write": 1000 * (written - returned),
+        "proxy_to_client": 1000 * (received - written),
+    }
+    ms["parse"] = 1000 * (submitted - arrived) - lock - prepare
+    return ms
+
+
+def run_setting(args, pt, timed, stamped, engine, tok, sampling, label, n):
+    """One setting: ``n`` sessions through the proxy, then the same straight to the engine."""
+    p = pt.proxy
+    timed.target = engine
+    timed.stamps.clear()
+    stamped.calls.clear()
+    sessions = [p.open_session(f"bench-{label}-{n}-{i}") for i in range(n)]
+    warmup = p.open_session(f"bench-{label}-{n}-warmup")
+    spec = {
+        "warmup": warmup.openai_base_url,
+        "urls": [s.openai_base_url for s in sessions],
+        "calls": args.calls,
+        "max_tokens": args.max_tokens,
+    }
+    load_before = os.getloadavg()[0]
+    thread_before, process_before = pt.call(_cpu())
+    out = subprocess.run(
+        [sys.executable, __file__, "--client", json.dumps(spec)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    thread_after, process_after = pt.call(_cpu())
+    load_after = os.getloadavg()[0]
+    results = json.loads(out.stdout)
+    floor = [x for _, f in results for x in f]
+    added, server_added, e2e, eng = [], [], [], []
+    hops: dict[str, list[float]] = {h: [] for h in HOPS}
+    for s, (client_stamps, _) in zip(sessions, results, strict=True):
+        turns = p.transcript(s)["calls"]
+        rows = zip(
+            client_stamps,
+            stamped.calls[s.token],
+            timed.stamps[s.engine_id],
+            [t["timing_ms"] for t in turns],
+            strict=True,
+        )
+        for client, asgi, engine_stamps, timing in rows:
+            total = client[1] - client[0]
+            in_engine = engine_stamps[1] - engine_stamps[0]
+            added.append(total - in_engine)
+            server_added.append((asgi[1] - asgi[0]) - in_engine)
+            e2e.append(total)
+            eng.append(in_engine)
+            for hop, value in hops_of(client, asgi, engine_stamps, timing).items():
+                hops[hop].append(value)
+        p.close_session(s)
+    p.close_session(warmup)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
+    )
+    prompts = [tok.encode(text, add_special_tokens=False) for _ in range(n)]
+
+    async def direct():
+        async def one(ids, sid):
+            out = []
+            for _ in range(args.calls):
+                t = time.perf_counter()
+                await engine.generate(ids, sampling, session_id=sid)
+                out.append(time.perf_counter() - t)
+            return out
+
+        return await asyncio.gather(*(one(ids, f"d{i}") for i, ids in enumerate(prompts)))
+
+    direct_lat = [x for row in pt.call(direct()) for x in row]
+    calls = len(added)
+    requests = calls + len(floor) + 1 + n  # and the warm-up: one call, one GET per session
+    return {
+        "calls": calls,
+        "added_ms_p50": round(1000 * pct(added, 50), 2),
+        "added_ms_p99": round(1000 * pct(added, 99), 2),
+        "server_added_ms_p50": round(1000 * pct(server_added, 50), 2),
+        "server_added_ms_p99": round(1000 * pct(server_added, 99), 2),
+        "http_floor_ms_p50": round(1000 * pct(floor, 50), 2),
+        "proxy_thread_cpu_ms_per_request": round(
+            1000 * (thread_after - thread_before) / requests, 2
+        ),
+        "proxy_process_cpu_ms_per_request": round(
+            1000 * (process_after - process_before) / requests, 2
+        ),
+        "proxy_e2e_ms_p50": round(1000 * pct(e2e, 50), 1),
+        "proxy_e2e_ms_p99": round(1000 * pct(e2e, 99), 1),
+        "engine_in_proxy_ms_p50": round(1000 * pct(eng, 50), 1),
+        "direct_engine_ms_p50": round(1000 * pct(direct_lat, 50), 1),
+        "direct_engine_ms_p99": round(1000 * pct(direct_lat, 99), 1),
+        "load_average": round((load_before + load_after) / 2, 2),
+        **{f"hop_{h}_ms_p50": round(pct(v, 50), 2) for h, v in hops.items()},
+        **{f"hop_{h}_ms_p99": round(pct(v, 99), 2) for h, v in hops.items()},
+    }
+
+
+async def _cpu():
+    return time.thread_time(), time.process_time()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", choices=["ray", "embedded"], default="ray")
-    ap.add_argument("--runs", type=int, default=3, help="repeat the latency part, for spread")
+    ap.add_argument(
+        "--repeat", "--runs", dest="repeat", type=int, default=3, help="runs of each setting"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--calls", type=int, default=8, help="calls per session")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--turns", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument(
-        "--stream",
-        choices=["both", "chunked", "per-token"],
-        default="both",
-        help="ray: how a replica's stream reaches the proxy (both: side by side)",
+        "--variants",
+        nargs="+",
+        choices=sorted(VARIANTS),
+        default=["before", "after"],
+        help="ray: the settings compared side by side (see the module's docstring)",
     )
     ap.add_argument(
         "--switch-interval",
         type=float,
         help="sys.setswitchinterval for this process (GIL hand-over between the proxy's loop "
-        "and the engine's thread; Python's default is 0.005 s)",
+        "and the engine's or Ray's threads; Python's default is 0.005 s)",
     )
     ap.add_argument("--client", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -150,6 +316,10 @@ def main() -> None:
     import tempfile
 
     import torch
+
+    from slr import log
+
+    log.configure(stream=sys.stderr)  # stdout holds the report (one JSON object with --json)
     from slr_engine_hf.tiny import save, tiny_model
 
     from slr.config import ProxySection
@@ -160,90 +330,35 @@ def main() -> None:
     torch.set_num_threads(1)
     model, tok = tiny_model(max_context=8192)
     folder = save(model, tok, tempfile.mkdtemp(prefix="slr-bench-") + "/model")
-    engine = start_engine(args.engine, model, tok, folder)
-    timed = TimedEngine(engine)
+    variants = args.variants if args.engine == "ray" else ["embedded"]
+    engines = {}
+    for name in variants:
+        engines[name] = start_engine(args.engine, model, tok, folder)
+        for _, replica in getattr(engines[name], "replicas", []):
+            replica.single_call = VARIANTS[name]
+    timed = TimedEngine(engines[variants[0]])
     sampling = SamplingParams(max_tokens=args.max_tokens, stop_token_ids=())
     proxy = Proxy(timed, ProxySection(), sampling=SamplingParams(max_tokens=args.max_tokens))
-    report: dict = {"engine": args.engine, "runs": args.runs}
+    stamped = Stamped(proxy.app)
+    proxy.app = stamped  # type: ignore[assignment]
+    report: dict = {
+        "engine": args.engine,
+        "repeat": args.repeat,
+        "cores": os.cpu_count(),
+        "max_tokens": args.max_tokens,
+        "calls_per_session": args.calls,
+        "nice": {name: _nice(engines[name]) for name in variants},
+    }
     per_run: dict[str, list[dict]] = {}
     pt = ProxyThread(proxy)
-
-    async def cpu():
-        return time.thread_time()
-
-    modes = ["chunked", "per-token"] if args.stream == "both" else [args.stream]
-    if args.engine != "ray":
-        modes = ["embedded"]
-
-    def set_mode(mode: str) -> None:
-        for _, replica in getattr(engine, "replicas", []):
-            replica.chunked = mode != "per-token"
-
     with pt as p:
-        settings = [(r, n, m) for r in range(args.runs) for n in args.concurrency for m in modes]
-        for run, n, mode in settings:
-            set_mode(mode)
-            timed.times.clear()
-            timed.chunks.clear()
-            sessions = [p.open_session(f"bench-{run}-{n}-{i}") for i in range(n)]
-            spec = {
-                "urls": [s.openai_base_url for s in sessions],
-                "calls": args.calls,
-                "max_tokens": args.max_tokens,
-            }
-            cpu_before = pt.call(cpu())
-            out = subprocess.run(
-                [sys.executable, __file__, "--client", json.dumps(spec)],
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            cpu_total = pt.call(cpu()) - cpu_before
-            results = json.loads(out.stdout)
-            latencies = [lat for lat, _ in results]
-            floor = [x for _, f in results for x in f]
-            added, e2e, eng = [], [], []
-            for s, lat in zip(sessions, latencies, strict=True):
-                times = timed.times[s.engine_id]
-                added += [a - b for a, b in zip(lat, times, strict=True)]
-                e2e += lat
-                eng += times
-                p.close_session(s)
-            # the same prompts straight to the engine, same concurrency
-            text = tok.apply_chat_template(
-                [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
-            )
-            prompts = [tok.encode(text, add_special_tokens=False) for _ in range(n)]
-
-            async def direct(prompts=prompts):
-                async def one(ids, sid):
-                    out = []
-                    for _ in range(args.calls):
-                        t = time.perf_counter()
-                        await engine.generate(ids, sampling, session_id=sid)
-                        out.append(time.perf_counter() - t)
-                    return out
-
-                return await asyncio.gather(*(one(ids, f"d{i}") for i, ids in enumerate(prompts)))
-
-            direct_lat = [x for row in pt.call(direct()) for x in row]
-            per_run.setdefault(f"{n} sessions, {mode}", []).append(
-                {
-                    "calls": len(added),
-                    "added_ms_p50": round(1000 * pct(added, 50), 2),
-                    "added_ms_p99": round(1000 * pct(added, 99), 2),
-                    "http_floor_ms_p50": round(1000 * pct(floor, 50), 2),
-                    "proxy_thread_cpu_ms_per_request": round(
-                        1000 * cpu_total / (len(added) + len(floor)), 2
-                    ),
-                    "chunks_per_call": round(statistics.mean(timed.chunks or [0]), 2),
-                    "proxy_e2e_ms_p50": round(1000 * pct(e2e, 50), 1),
-                    "proxy_e2e_ms_p99": round(1000 * pct(e2e, 99), 1),
-                    "engine_in_proxy_ms_p50": round(1000 * pct(eng, 50), 1),
-                    "direct_engine_ms_p50": round(1000 * pct(direct_lat, 50), 1),
-                    "direct_engine_ms_p99": round(1000 * pct(direct_lat, 99), 1),
-                }
-            )
+        for run in range(args.repeat):
+            for n in args.concurrency:
+                for name in variants:
+                    row = run_setting(
+                        args, pt, timed, stamped, engines[name], tok, sampling, run, n
+                    )
+                    per_run.setdefault(f"{n} sessions, {name}", []).append(row)
         for key, runs in per_run.items():
             report[key] = {
                 name: {
@@ -253,69 +368,102 @@ def main() -> None:
                 }
                 for name in runs[0]
             }
-
-        # CPU of the proxy's own thread per call, over one long conversation
-        import openai
-
-        set_mode(modes[0])
-        s = p.open_session("bench-long")
-        c = openai.OpenAI(base_url=s.openai_base_url, api_key="k", max_retries=0)
-
-        messages, cpu_ms, prompt_tokens = [], [], []
-        for i in range(args.turns):
-            messages.append({"role": "user", "content": f"{QUESTION}({i})"})
-            before = pt.call(cpu())
-            r = c.chat.completions.create(
-                model="policy", messages=messages, max_tokens=args.max_tokens
-            )
-            after = pt.call(cpu())
-            cpu_ms.append(1000 * (after - before))
-            prompt_tokens.append(r.usage.prompt_tokens)
-            messages.append({"role": "assistant", "content": r.choices[0].message.content})
-        traj = p.close_session(s)
-        history = [Message(role=m["role"], content=m["content"] or "") for m in messages]
+        report["long conversation"] = long_conversation(args, pt, p, timed, engines, variants)
+        full = report["long conversation"].pop("_history")
+        history = [Message(role=m["role"], content=m["content"] or "") for m in full]
         t = time.process_time()
         for _ in range(5):
             proxy.renderer.encode(proxy.renderer.render(history, [], generation_prompt=True))
-        full_ms = 1000 * (time.process_time() - t) / 5
-        report["long conversation"] = {
-            "segments": len(traj.segments),
-            "turn_1": {"prompt_tokens": prompt_tokens[0], "proxy_cpu_ms": round(cpu_ms[0], 2)},
-            "turns_2_6_median_cpu_ms": round(statistics.median(cpu_ms[1:6]), 2),
-            f"turns_{args.turns - 4}_{args.turns}_median_cpu_ms": round(
-                statistics.median(cpu_ms[-5:]), 2
-            ),
-            f"turn_{args.turns}": {
-                "prompt_tokens": prompt_tokens[-1],
-                "proxy_cpu_ms": round(cpu_ms[-1], 2),
-                "full_rerender_and_tokenize_ms": round(full_ms, 2),
-            },
-        }
-    asyncio.run(engine.close())
+        key = f"turn_{args.turns}"
+        report["long conversation"][key]["full_rerender_and_tokenize_ms"] = round(
+            1000 * (time.process_time() - t) / 5, 2
+        )
+    for engine in engines.values():
+        asyncio.run(engine.close())
     if not args.json:
         print_table(report, per_run)
     print(json.dumps(report, indent=None if args.json else 2))
 
 
+def _nice(engine) -> int | None:
+    replicas = getattr(engine, "replicas", None)
+    if not replicas:
+        return None
+    return replicas[0][1].info.get("nice")
+
+
+def long_conversation(args, pt, p, timed, engines, variants) -> dict:
+    """The proxy thread's CPU per call over one long conversation (the last variant)."""
+    import openai
+
+    async def cpu():
+        return time.thread_time()
+
+    timed.target = engines[variants[-1]]
+    s = p.open_session("bench-long")
+    c = openai.OpenAI(base_url=s.openai_base_url, api_key="k", max_retries=0)
+    messages, cpu_ms, prompt_tokens = [], [], []
+    for i in range(args.turns):
+        messages.append({"role": "user", "content": f"{QUESTION}({i})"})
+        before = pt.call(cpu())
+        r = c.chat.completions.create(model="policy", messages=messages, max_tokens=args.max_tokens)
+        after = pt.call(cpu())
+        cpu_ms.append(1000 * (after - before))
+        prompt_tokens.append(r.usage.prompt_tokens)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+    traj = p.close_session(s)
+    return {
+        "segments": len(traj.segments),
+        "turn_1": {"prompt_tokens": prompt_tokens[0], "proxy_cpu_ms": round(cpu_ms[0], 2)},
+        "turns_2_6_median_cpu_ms": round(statistics.median(cpu_ms[1:6]), 2),
+        f"turns_{args.turns - 4}_{args.turns}_median_cpu_ms": round(
+            statistics.median(cpu_ms[-5:]), 2
+        ),
+        f"turn_{args.turns}": {
+            "prompt_tokens": prompt_tokens[-1],
+            "proxy_cpu_ms": round(cpu_ms[-1], 2),
+        },
+        "_history": messages,
+    }
+
+
 def print_table(report: dict, per_run: dict[str, list[dict]]) -> None:
-    print(f"engine: {report['engine']}; {report['runs']} runs (median, min-max over runs)")
     print(
-        "| sessions | stream | added p50 ms | added p99 ms | proxy CPU ms/req "
-        "| direct engine p50 ms | direct engine p99 ms | chunks per call |"
+        f"engine: {report['engine']}; {report['repeat']} runs of each setting, interleaved "
+        f"(median, min-max over runs); {report['cores']} cores; replica nice {report['nice']}"
+    )
+
+    def cell(row, name):
+        return f"{row[name]['median']:g} ({row[name]['min']:g}-{row[name]['max']:g})"
+
+    print(
+        "\n| sessions | variant | added p50 ms | added p99 ms | in-proxy added p50 / p99 ms "
+        "| direct engine p50 / p99 ms | proxy process CPU ms/req | load avg |"
     )
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for key in per_run:
         row = report[key]
-
-        def cell(name, row=row):
-            return f"{row[name]['median']:g} ({row[name]['min']:g}-{row[name]['max']:g})"
-
-        sessions, mode = key.split(" sessions, ")
+        sessions, variant = key.split(" sessions, ")
         print(
-            f"| {sessions} | {mode} | {cell('added_ms_p50')} | {cell('added_ms_p99')} | "
-            f"{cell('proxy_thread_cpu_ms_per_request')} | {cell('direct_engine_ms_p50')} | "
-            f"{cell('direct_engine_ms_p99')} | {cell('chunks_per_call')} |"
+            f"| {sessions} | {variant} | {cell(row, 'added_ms_p50')} | "
+            f"{cell(row, 'added_ms_p99')} | {row['server_added_ms_p50']['median']:g} / "
+            f"{row['server_added_ms_p99']['median']:g} | "
+            f"{row['direct_engine_ms_p50']['median']:g} / "
+            f"{row['direct_engine_ms_p99']['median']:g} | "
+            f"{cell(row, 'proxy_process_cpu_ms_per_request')} | {cell(row, 'load_average')} |"
         )
+    print("\nwhere a call's time goes, ms, p50 / p99 over calls (median over runs)")
+    print("| sessions | variant | " + " | ".join(HOPS) + " |")
+    print("| ---: | --- |" + " ---: |" * len(HOPS))
+    for key in per_run:
+        row = report[key]
+        sessions, variant = key.split(" sessions, ")
+        cells = [
+            f"{row[f'hop_{h}_ms_p50']['median']:g} / {row[f'hop_{h}_ms_p99']['median']:g}"
+            for h in HOPS
+        ]
+        print(f"| {sessions} | {variant} | " + " | ".join(cells) + " |")
+    print()
 
 
 if __name__ == "__main__":

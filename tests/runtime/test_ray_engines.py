@@ -103,6 +103,43 @@ def test_a_consumer_that_stops_cancels_the_generation_in_the_actor(balancer):
     assert after["generated_tokens"] - before["generated_tokens"] < LONG.max_tokens
 
 
+def test_a_cancelled_generate_stops_the_generation_in_the_actor(balancer):
+    """``generate`` is one actor call (no stream of objects); cancelling its caller (a
+    client gone, a session closed) cancels the actor's task, which frees the sequence."""
+    engine = replicas(balancer)[0]
+
+    async def until(condition):
+        for _ in range(600):
+            stats = await engine.stats()
+            if condition(stats):
+                return stats
+            await asyncio.sleep(0.05)
+        return await engine.stats()
+
+    async def run():
+        before = await engine.stats()
+        call = asyncio.ensure_future(engine.generate(PROMPT, LONG, session_id="cancel-call"))
+        running = await until(lambda s: s["generated_tokens"] > before["generated_tokens"])
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        after = await until(lambda s: s["cancelled"] > before["cancelled"] and s["load"] == 0)
+        return before, running, after
+
+    before, running, after = asyncio.run(run())
+    assert running["load"] == 1
+    assert after["cancelled"] == before["cancelled"] + 1 and after["load"] == 0
+    assert after["generated_tokens"] - before["generated_tokens"] < LONG.max_tokens
+
+
+def test_replicas_decode_below_the_driver_cpu_priority(balancer):
+    """A replica's decoding is batch work: its threads run at Ray's worker niceness, so
+    on shared cores the driver's proxy loop is scheduled first (docs/engines.md)."""
+    import os
+
+    assert all(e.info["nice"] > os.getpriority(os.PRIO_PROCESS, 0) for e in replicas(balancer))
+
+
 def test_weights_are_published_once_and_served_by_both_replicas(balancer, monkeypatch):
     import ray
     import torch

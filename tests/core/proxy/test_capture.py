@@ -180,6 +180,13 @@ def test_transcript_has_the_decoded_text_of_each_call(proxy, tiny_engine, sessio
     for entry, (_, gen) in zip(doc["calls"], calls, strict=True):
         assert entry["completion_text"] == tok.decode(gen.token_ids)
     assert "<|im_start|>user\nMore" in doc["calls"][1]["new_prompt_text"]
+    # where each call's time went: its parts add up to the call's time in the proxy
+    for entry in doc["calls"]:
+        timing = entry["timing_ms"]
+        assert set(timing) == {"lock_wait", "prepare", "first_token", "engine", "after_engine"}
+        assert min(timing.values()) >= 0 and timing["first_token"] == timing["engine"] > 0
+        parts = timing["prepare"] + timing["engine"] + timing["after_engine"]
+        assert parts == pytest.approx(1000 * entry["seconds"], abs=0.5)
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,10 @@ def test_openai_deltas_arrive_while_the_engine_generates(live_proxy, engine):
     traj = live_proxy.close_session(session)
     load, generated = in_flight_at_first_delta  # type: ignore[misc]
     assert load == 1 and generated < LONG  # the sequence was still being generated
+    # the call's timing says when its first token came, long before its last
+    (call,) = live_proxy.transcript(session)["calls"]
+    timing = call["timing_ms"]
+    assert 0 <= timing["first_token"] < timing["engine"] / 10
     (seg,) = traj.segments
     policy = [t for t, m in zip(seg.token_ids, seg.loss_mask, strict=True) if m]
     assert len(policy) == LONG  # ran to its end; capture aligned, nothing re-tokenized

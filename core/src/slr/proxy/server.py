@@ -28,7 +28,7 @@ import socket
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 import uvicorn
@@ -43,6 +43,7 @@ from slr.proxy.app import build_app
 from slr.proxy.render import Renderer
 from slr.proxy.session import Completer, SessionState, SessionTable, new_token
 from slr.proxy.toolparse import get_tool_parser
+from slr.proxy.transport import HeadWithBody
 from slr.runs import atomic_write
 
 log = structlog.get_logger()
@@ -110,6 +111,8 @@ class _HeaderTimeoutProtocol(H11Protocol):
     request arrives; a request whose headers are not complete by then gets a bare 408 and
     the connection is closed. Nothing is handed to the app, so no session ever sees it.
 
+    Each response's head is sent together with its body (``slr.proxy.transport``).
+
     The write clock runs while the transport has paused writing (its buffer above the high
     water mark: the client is not reading). If the client has not read enough to resume it
     by ``write_timeout``, the connection is aborted; uvicorn then tells the app the client
@@ -120,7 +123,8 @@ class _HeaderTimeoutProtocol(H11Protocol):
     write_timeout: float = 30.0
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # A response's head goes out with its body: one send, one wake-up of the client.
+        super().connection_made(cast(asyncio.Transport, HeadWithBody(transport, self.loop)))
         self._header_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._arm()

@@ -82,6 +82,44 @@ class TextDelta:
 
 StreamEvent = Started | TextDelta | ChatResult
 
+
+class CallTimer:
+    """Where one call's time went, as marks on ``time.perf_counter``: arrival (body
+    decoded), the session's lock taken, the prompt prepared (chat template, tokenization,
+    prefix reuse), the engine's first and last token. ``as_ms`` turns them into the
+    ``timing_ms`` of the call's turn record, so a slow call in a transcript says whether it
+    waited on the session, on the proxy's own work or on the engine."""
+
+    __slots__ = ("arrived", "first_token", "last_token", "locked", "submitted")
+
+    def __init__(self) -> None:
+        self.arrived = time.perf_counter()
+        self.locked = self.submitted = self.first_token = self.last_token = self.arrived
+
+    def lock_taken(self) -> None:
+        self.locked = time.perf_counter()
+
+    def engine_submitted(self) -> None:
+        self.submitted = self.first_token = self.last_token = time.perf_counter()
+
+    def token(self, *, first: bool) -> None:
+        self.last_token = time.perf_counter()
+        if first:
+            self.first_token = self.last_token
+
+    def as_ms(self) -> dict[str, float]:
+        def ms(a: float, b: float) -> float:
+            return round(1000 * (b - a), 3)
+
+        return {
+            "lock_wait": ms(self.arrived, self.locked),
+            "prepare": ms(self.locked, self.submitted),
+            "first_token": ms(self.submitted, self.first_token),
+            "engine": ms(self.submitted, self.last_token),
+            "after_engine": ms(self.last_token, time.perf_counter()),
+        }
+
+
 _T = TypeVar("_T")
 
 
@@ -239,11 +277,13 @@ class Completer:
         return len(state.accumulator.prepare(messages, tools).prompt_ids)
 
     async def complete(self, state: SessionState, req: ChatRequest) -> ChatResult:
+        timer = CallTimer()
         state.clock.call_arrived()
         async with state.lock:
-            started = time.perf_counter()
+            timer.lock_taken()
             prepared, sampling = self._prepare(state, req)
             waiting = state.clock.engine_started()
+            timer.engine_submitted()
             try:
                 gen = await state.until_closed(
                     self.engine.generate(prepared.prompt_ids, sampling, session_id=state.engine_id)
@@ -254,8 +294,9 @@ class Completer:
                 raise _unavailable(exc) from exc
             finally:
                 state.clock.engine_ended(waiting)
+            timer.token(first=True)  # a whole generation: first and last token arrive together
             result = self._result(req, gen, len(prepared.prompt_ids), prepared)
-            return self._record(state, req, prepared, gen, result, started)
+            return self._record(state, req, prepared, gen, result, timer)
 
     async def stream(self, state: SessionState, req: ChatRequest) -> AsyncIterator[StreamEvent]:
         """One call, live: ``Started`` once the first token exists, then ``TextDelta``s as
@@ -265,9 +306,10 @@ class Completer:
         held back until it cannot. A consumer that stops early cancels the generation, and
         nothing of that call is recorded (the agent never received a whole reply).
         """
+        timer = CallTimer()
         state.clock.call_arrived()
         async with state.lock:
-            started = time.perf_counter()
+            timer.lock_taken()
             prepared, sampling = self._prepare(state, req)
             n_prompt = len(prepared.prompt_ids)
             marker = (
@@ -283,8 +325,10 @@ class Completer:
             # the whole stream counts as waiting on the engine: between chunks the proxy
             # only hands text to the agent, which is waiting for it
             waiting = state.clock.engine_started()
+            timer.engine_submitted()
             try:
                 async for chunk in chunks:
+                    timer.token(first=not collector.token_ids)
                     if not collector.token_ids and chunk.token_ids:
                         yield Started(
                             prompt_tokens=n_prompt, reused_tokens=n_prompt - len(prepared.new_ids)
@@ -318,7 +362,7 @@ class Completer:
             # content; record exactly that, so its next request extends this segment.
             rest = result.content[len(shown) :] if result.content.startswith(shown) else ""
             result = evolve(result, content=shown + rest)
-            yield self._record(state, req, prepared, gen, result, started)
+            yield self._record(state, req, prepared, gen, result, timer)
 
     def _prepare(self, state: SessionState, req: ChatRequest) -> tuple[Prepared, SamplingParams]:
         if state.closed:
@@ -352,7 +396,7 @@ class Completer:
         prepared: Prepared,
         gen: Generation,
         result: ChatResult,
-        started: float,
+        timer: CallTimer,
     ) -> ChatResult:
         reply = Message(role="assistant", content=result.content, tool_calls=result.tool_calls)
         if state.closed:  # closed while generating: answer, but the trajectory is final
@@ -382,7 +426,8 @@ class Completer:
                 ],
                 "weights_version": gen.weights_version,
                 **({"weights_versions": versions} if len(versions) > 1 else {}),
-                "seconds": round(time.perf_counter() - started, 4),
+                "seconds": round(time.perf_counter() - timer.locked, 4),
+                "timing_ms": timer.as_ms(),
             }
         )
         return result

@@ -7,11 +7,12 @@ driver-side ``Engine`` for one actor, and ``start_engine_replicas`` starts
 balancer.
 
 What crosses the process boundary is plain data (docs/engines.md, "An engine in its own
-process"): prompt ids, ``SamplingParams``, chunks. Errors the balancer and the proxy decide
+process"): prompt ids, ``SamplingParams``, chunks, generations. Errors the balancer and the proxy decide
 on (``ContextOverflow``, ``ValueError``, ``EngineUnavailable``) travel as a ``_Failure``
 record and are raised again, as the same type, on the driver's side; a replica that is gone
 (killed, crashed, its node lost) surfaces as ``EngineUnavailable``, which makes the balancer
-move the session. A stream's chunks come through a Ray streaming generator; a consumer that
+move the session. ``generate`` is one actor call (one reply: the whole generation);
+a stream's chunks come through a Ray streaming generator; a consumer that
 stops cancels the actor's task, which closes the engine's stream at its next token boundary.
 One Ray object carries every token sampled since the consumer took the previous one
 (``_Coalescer``), not one token each.
@@ -130,7 +131,18 @@ class EngineActor:
             "weights_version": int(self.engine.weights_version),
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
+            "nice": os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0,
         }
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None
+    ) -> Generation | _Failure:
+        """A whole generation as one reply: one Ray round trip for a call that is not
+        streamed (cancelling this task closes the engine's stream, as for ``stream``)."""
+        try:
+            return await self.engine.generate(prompt_ids, sampling, session_id=session_id)
+        except Exception as exc:  # as data: the driver raises it again as its own type
+            return _Failure.of(exc)
 
     # One object in flight per stream: the generator waits at its yield until the consumer
     # has taken the previous chunk, and the tokens sampled meanwhile go out as one object.
@@ -282,8 +294,8 @@ class RayEngine:
         self._connection = connection
         self._published: tuple[Any, int] | None = None  # (object ref, version) last pushed
         self._closed = False
-        # False: one Ray object per token, as streams went before chunking (benchmarks only)
-        self.chunked = True
+        # False: ``generate`` collects the stream, as before it was one call (benchmarks only)
+        self.single_call = True
 
     @property
     def tokenizer(self) -> Any:
@@ -310,10 +322,7 @@ class RayEngine:
 
         if self._closed:
             raise EngineUnavailable(f"engine replica {self.name} is closed")
-        method = self.actor.stream
-        if not self.chunked:  # no backpressure: the actor yields each token as it comes
-            method = method.options(_generator_backpressure_num_objects=-1)
-        calls = method.remote(prompt_ids, sampling, session_id)
+        calls = self.actor.stream.remote(prompt_ids, sampling, session_id)
         finished = False
         try:
             async for ref in calls:
@@ -346,7 +355,30 @@ class RayEngine:
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Generation:
-        return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
+        """One actor call that returns the whole generation: a single Ray reply, not a
+        stream of objects each reported, acknowledged and awaited on the proxy's loop."""
+        import ray
+        from ray.exceptions import RayError
+
+        if not self.single_call:
+            return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
+        if self._closed:
+            raise EngineUnavailable(f"engine replica {self.name} is closed")
+        ref = self.actor.generate.remote([int(t) for t in prompt_ids], sampling, session_id)
+        try:
+            item = await ref
+        except RayError as exc:
+            raise self._gone(exc) from exc
+        except asyncio.CancelledError:
+            # The caller went away (its client, or its session closed): cancel the actor's
+            # task, which closes the engine's stream at the next token boundary.
+            ray.cancel(ref)
+            raise
+        if isinstance(item, _Failure):
+            raise item.error(self.name)
+        if item.weights_versions:
+            self._version = max(self._version, item.weights_versions[-1])
+        return item
 
     async def update_weights(
         self,
