@@ -29,7 +29,6 @@ def test_optimizer_name_verl_takes_its_own_options():
 @pytest.mark.parametrize(
     ("options", "algorithm", "names"),
     [
-        ({"world_size": 2}, {}, "world_size = 2"),
         ({"model": "/nonexistent/model"}, {}, "cannot load model"),
         ({"model": ""}, {}, "no model to train"),
         ({}, {"adv_estimator": "gae"}, "critic"),

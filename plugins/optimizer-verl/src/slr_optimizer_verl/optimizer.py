@@ -43,7 +43,8 @@ from slr_optimizer_verl import checkpoint
 from slr_optimizer_verl.batch import Layout, to_verl
 from slr_optimizer_verl.config import VerlOptimizerConfig
 from slr_optimizer_verl.verl_names import actor_config, worker_config
-from slr_optimizer_verl.worker import WorkerGroup, ppo_loss_fn, resolve_device
+from slr_optimizer_verl.group import make_group
+from slr_optimizer_verl.worker import ppo_loss_fn, resolve_device
 
 log = structlog.get_logger()
 
@@ -87,17 +88,13 @@ class VerlOptimizer:
         *,
         algorithm: AlgorithmSection,
         temperature: float,
+        ray_address: str | None = None,
     ) -> None:
         self.options = options = options or VerlOptimizerConfig()
         if temperature <= 0:
             raise ConfigError(
                 f"rollout.temperature = {temperature} cannot be trained on: greedy decoding "
                 f"has no sampling distribution to score. Use a temperature > 0 (1.0 is usual)."
-            )
-        if options.world_size != 1:
-            raise ConfigError(
-                f"optimizer.world_size = {options.world_size}: the verl optimizer runs one "
-                f"rank in its own process so far; set world_size = 1"
             )
         if not options.model:
             raise ConfigError(
@@ -120,10 +117,13 @@ class VerlOptimizer:
                 f"cannot load model {self.model_path!r} for the verl optimizer: {first}. Point "
                 f"[optimizer] model at a Hugging Face model folder (config.json + weights)."
             ) from exc
-        self.group = WorkerGroup(
+        # world size 1: verl's worker in this process; N >= 2: N Ray actors (group.py)
+        self.group = make_group(
             config,
             loss_fn=ppo_loss_fn(self.actor_cfg),
             device=self.device,
+            world_size=options.world_size,
+            ray_address=ray_address,
         )
         self.generator = torch.Generator().manual_seed(options.seed)
         self.steps = 0
@@ -135,7 +135,12 @@ class VerlOptimizer:
         if not options.model:
             engine_model = getattr(config.engine.options, "model", "") or ""
             options = attrs.evolve(options, model=str(engine_model))
-        return cls(options, algorithm=config.algorithm, temperature=config.rollout.temperature)
+        return cls(
+            options,
+            algorithm=config.algorithm,
+            temperature=config.rollout.temperature,
+            ray_address=config.run.ray_address,
+        )
 
     def close(self) -> None:
         self.group.close()
@@ -235,35 +240,18 @@ class VerlOptimizer:
 
     # -- weights and checkpoints ---------------------------------------------------------
 
-    def _named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Each parameter, gathered whole from its FSDP shards, one at a time, on the CPU."""
-        state = self.group.engine.module.state_dict()
-        for name, tensor in state.items():
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            yield name, full.detach().to("cpu", copy=True)
-
     def weight_buckets(
         self, max_bytes: int | None = None
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The policy's weights as buckets of ``(name, tensor)`` of at most ``max_bytes``
-        (``[optimizer] weight_bucket_bytes``; a larger tensor is a bucket of its own).
-        Only one bucket is held at a time: nothing copies the whole state dict."""
-        limit = max_bytes or self.options.weight_bucket_bytes
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, tensor in self._named_tensors():
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > limit:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            yield bucket
+        (``[optimizer] weight_bucket_bytes``; a larger tensor is a bucket of its own), one
+        parameter gathered from its FSDP shards at a time, on every rank of the group. Only
+        one bucket is held at a time: nothing copies the whole state dict."""
+        yield from self.group.weight_buckets(max_bytes or self.options.weight_bucket_bytes)
 
     def export_weights(self) -> Mapping[str, torch.Tensor]:
         """The policy's weights as a mapping that gathers each tensor when it is read."""
-        return GatheredWeights(self.group.engine.module)
+        return self.group.export_weights()
 
     def save(self, path: Path) -> None:
         checkpoint.save(self, path)
@@ -274,20 +262,3 @@ class VerlOptimizer:
     def servable_weights(self, path: Path) -> Path:
         return checkpoint.servable_weights(path)
 
-
-class GatheredWeights(Mapping[str, torch.Tensor]):
-    """A module's state dict read lazily: ``[name]`` gathers that tensor's FSDP shards."""
-
-    def __init__(self, module: Any) -> None:
-        self._state = module.state_dict()
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        tensor = self._state[name]
-        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-        return full.detach().to("cpu", copy=True)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._state)
-
-    def __len__(self) -> int:
-        return len(self._state)

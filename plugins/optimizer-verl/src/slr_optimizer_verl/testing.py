@@ -10,6 +10,7 @@ tool output is masked out of the loss, rows of different lengths.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -44,6 +45,17 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
+def _versus(mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
+    """Relative differences of two runs' loss, gradient norm and log-probs after the step."""
+    a, b = theirs["after"], mine["after"]
+    return {
+        "loss_rel": _rel(theirs["loss"], mine["loss"]),
+        "grad_norm_rel": _rel(theirs["grad_norm"], mine["grad_norm"]),
+        "logprobs_rel_max": float(((a - b).abs() / a.abs().clamp(min=1e-12)).max()),
+        "logprobs_abs_max": float((a - b).abs().max()),
+    }
+
+
 def compare(
     model_path: str,
     trials: list[TrialResult],
@@ -51,8 +63,14 @@ def compare(
     algorithm: AlgorithmSection | None = None,
     temperature: float = 1.0,
     lr: float = 1e-5,
+    world_sizes: Sequence[int] = (1,),
 ) -> dict[str, Any]:
-    """One step of each trainer on ``trials``; their figures and relative differences."""
+    """One step of the torch trainer and of this optimizer at each of ``world_sizes`` on
+    ``trials``: their figures and relative differences.
+
+    World size 1's figures are ``verl_loss``, ``verl_grad_norm``, ``loss_rel`` (vs torch),
+    ...; each other world size N has ``wsN`` with its ``loss``, ``grad_norm``, ``s`` and
+    ``vs_torch`` / ``vs_ws1`` (the same differences against torch and world size 1)."""
     from slr_optimizer_torch import batch as batching
     from slr_optimizer_torch.config import TorchOptimizerConfig
     from slr_optimizer_torch.optimizer import TorchOptimizer
@@ -61,7 +79,9 @@ def compare(
     from slr_optimizer_verl.optimizer import VerlOptimizer
 
     algorithm = algorithm or AlgorithmSection()
-    out: dict[str, Any] = {}
+    tb = batching.assemble(trials)
+    mask = tb.response_mask > 0
+    runs: dict[str, dict[str, Any]] = {}
 
     t0 = time.perf_counter()
     torch_opt = TorchOptimizer(
@@ -69,40 +89,61 @@ def compare(
         algorithm=algorithm,
         temperature=temperature,
     )
-    torch_metrics = torch_opt.step(trials)
-    tb = batching.assemble(trials)
-    torch_after = torch_opt._score_all(tb, torch_opt.scorer).logprobs
-    out["torch_s"] = time.perf_counter() - t0
+    metrics = torch_opt.step(trials)
+    after = torch_opt._score_all(tb, torch_opt.scorer).logprobs
     del torch_opt
+    runs["torch"] = {
+        "loss": metrics["actor/pg_loss"],
+        "grad_norm": metrics["actor/grad_norm"],
+        "after": after[mask].double(),
+        "s": time.perf_counter() - t0,
+    }
 
-    t0 = time.perf_counter()
-    verl_opt = VerlOptimizer(
-        VerlOptimizerConfig(model=model_path, lr=lr, dtype="float32", device="cpu"),
-        algorithm=algorithm,
-        temperature=temperature,
-    )
-    try:
-        verl_metrics = verl_opt.step(trials)
-        verl_after = verl_opt.logprobs(tb)
-    finally:
-        verl_opt.close()
-    out["verl_s"] = time.perf_counter() - t0
-
-    mask = tb.response_mask > 0
-    a, b = torch_after[mask].double(), verl_after[mask].double()
-    out.update(
-        {
-            "policy_tokens": int(mask.sum()),
-            "torch_loss": torch_metrics["actor/pg_loss"],
-            "verl_loss": verl_metrics["actor/pg_loss"],
-            "torch_grad_norm": torch_metrics["actor/grad_norm"],
-            "verl_grad_norm": verl_metrics["actor/grad_norm"],
-            "loss_rel": _rel(torch_metrics["actor/pg_loss"], verl_metrics["actor/pg_loss"]),
-            "grad_norm_rel": _rel(
-                torch_metrics["actor/grad_norm"], verl_metrics["actor/grad_norm"]
+    for world_size in world_sizes:
+        t0 = time.perf_counter()
+        verl_opt = VerlOptimizer(
+            VerlOptimizerConfig(
+                model=model_path, lr=lr, dtype="float32", device="cpu", world_size=world_size
             ),
-            "logprobs_rel_max": float(((a - b).abs() / a.abs().clamp(min=1e-12)).max()),
-            "logprobs_abs_max": float((a - b).abs().max()),
+            algorithm=algorithm,
+            temperature=temperature,
+        )
+        try:
+            metrics = verl_opt.step(trials)
+            after = verl_opt.logprobs(tb)
+        finally:
+            verl_opt.close()
+        runs[f"ws{world_size}"] = {
+            "loss": metrics["actor/pg_loss"],
+            "grad_norm": metrics["actor/grad_norm"],
+            "after": after[mask].double(),
+            "s": time.perf_counter() - t0,
         }
-    )
+
+    torch_run = runs["torch"]
+    out: dict[str, Any] = {
+        "policy_tokens": int(mask.sum()),
+        "torch_loss": torch_run["loss"],
+        "torch_grad_norm": torch_run["grad_norm"],
+        "torch_s": torch_run["s"],
+    }
+    for world_size in world_sizes:
+        run = runs[f"ws{world_size}"]
+        if world_size == 1:
+            out.update(
+                {
+                    "verl_loss": run["loss"],
+                    "verl_grad_norm": run["grad_norm"],
+                    "verl_s": run["s"],
+                    **_versus(run, torch_run),
+                }
+            )
+            continue
+        out[f"ws{world_size}"] = {
+            "loss": run["loss"],
+            "grad_norm": run["grad_norm"],
+            "s": run["s"],
+            "vs_torch": _versus(run, torch_run),
+            **({"vs_ws1": _versus(run, runs["ws1"])} if "ws1" in runs else {}),
+        }
     return out
