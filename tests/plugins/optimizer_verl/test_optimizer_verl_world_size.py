@@ -62,10 +62,9 @@ def test_one_grpo_step_at_world_size_2_agrees_with_1_and_torch(tiny_model_dir, l
 def test_world_size_2_buckets_checkpoint_served_dtype_and_a_killed_rank(
     tiny_model_dir, tmp_path, local_ray
 ):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from slr_optimizer_verl.optimizer import VerlOptimizer
     from slr_optimizer_verl.ray_group import RankFailed, RayGroup
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     trials = agreement_trials(49152, seed=1)
     opt = VerlOptimizer(
@@ -137,8 +136,9 @@ def test_world_size_2_buckets_checkpoint_served_dtype_and_a_killed_rank(
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_more_ranks_than_a_node_holds_is_refused_before_any_starts(tiny_model_dir, local_ray):
-    from slr.errors import UsageError
     from slr_optimizer_verl.optimizer import VerlOptimizer
+
+    from slr.errors import UsageError
 
     with pytest.raises(UsageError, match="optimizer.world_size = 64 puts its ranks on one Ray"):
         VerlOptimizer(

@@ -47,7 +47,8 @@ def plan(lengths: list[int], ranks: int) -> tuple[list[int], list[bool]]:
     extra = (-n) % ranks
     source = list(range(n)) + [by_length[k % n] for k in range(extra)]
     work = calculate_workload(torch.tensor([lengths[i] for i in source], dtype=torch.long))
-    parts = get_seqlen_balanced_partitions(work.tolist(), k_partitions=ranks, equal_size=True)
+    found: Any = get_seqlen_balanced_partitions(work.tolist(), k_partitions=ranks, equal_size=True)
+    parts: list[list[int]] = found
     slots = [j for part in parts for j in sorted(part)]
     return [source[j] for j in slots], [j >= n for j in slots]
 

@@ -15,9 +15,12 @@ One ``step(trials)``:
    update: verl's dynamic micro-batches, verl's ``ppo_loss`` (the policy loss registered
    under ``[algorithm] policy_loss``, entropy), FSDP gradient clipping, AdamW.
 
-Weights go out through ``weight_buckets`` (a generator of buckets of at most
-``weight_bucket_bytes``, one parameter gathered at a time) or ``export_weights`` (a mapping
-that gathers each tensor when read); checkpoints are verl's checkpoint manager's.
+The worker group (``group.make_group``) is verl's worker in this process at ``world_size =
+1``, or ``world_size`` Ray actors (``ray_group.RayGroup``) that split each batch between
+them; this class is the same over both. Weights go out through ``weight_buckets`` (a
+generator of buckets of at most ``weight_bucket_bytes``, one parameter gathered at a time)
+or ``export_weights`` (a mapping that gathers each tensor when read); checkpoints are
+verl's checkpoint manager's, on every rank.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ from slr.errors import ConfigError
 from slr_optimizer_verl import checkpoint
 from slr_optimizer_verl.batch import Layout, to_verl
 from slr_optimizer_verl.config import VerlOptimizerConfig
-from slr_optimizer_verl.verl_names import actor_config, worker_config
 from slr_optimizer_verl.group import make_group
+from slr_optimizer_verl.verl_names import actor_config, worker_config
 from slr_optimizer_verl.worker import ppo_loss_fn, resolve_device
 
 log = structlog.get_logger()
@@ -261,4 +264,3 @@ class VerlOptimizer:
 
     def servable_weights(self, path: Path) -> Path:
         return checkpoint.servable_weights(path)
-

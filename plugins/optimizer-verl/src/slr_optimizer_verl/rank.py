@@ -22,11 +22,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from slr_optimizer_verl import cpu_platform, weights  # registers verl's "cpu" platform first
+# first: registers verl's "cpu" platform before verl's workers ask for the platform
+from slr_optimizer_verl import cpu_platform, weights
+
+# isort: split
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import TrainingWorker
 
 LOOPBACK = "127.0.0.1"
+#: verl's "same call on every rank" dispatch (a member verl registers at import)
+ONE_TO_ALL: Any = Dispatch.ONE_TO_ALL  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def start_gloo() -> None:
@@ -56,7 +61,11 @@ class RankWorker(TrainingWorker):
             start_gloo()
         super().__init__(config)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _module(self) -> Any:
+        engine: Any = self.engine  # verl's FSDP engine: its wrapped module
+        return engine.module
+
+    @register(dispatch_mode=ONE_TO_ALL)
     def describe(self) -> dict[str, Any]:
         import ray
 
@@ -66,11 +75,11 @@ class RankWorker(TrainingWorker):
             "node_id": ray.get_runtime_context().get_node_id(),
         }
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=ONE_TO_ALL)
     def weight_sizes(self) -> list[tuple[str, int]]:
-        return weights.sizes(self.engine.module)
+        return weights.sizes(self._module())
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=ONE_TO_ALL)
     def gather_weights(self, names: list[str]) -> weights.Named | None:
-        gathered = weights.gather(self.engine.module, names)  # a collective: every rank joins
+        gathered = weights.gather(self._module(), names)  # a collective: every rank joins
         return gathered if self.rank == 0 else None

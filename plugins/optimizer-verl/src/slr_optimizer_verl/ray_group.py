@@ -51,9 +51,10 @@ def _check_room(world_size: int, device: str) -> None:
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     if any(all(float(n.get(k, 0)) >= v for k, v in need.items()) for n in nodes):
         return
-    have = "; ".join(
-        ", ".join(f"{k} {float(n.get(k, 0)):g}" for k in need) for n in nodes
-    ) or "no nodes"
+    have = (
+        "; ".join(", ".join(f"{k} {float(n.get(k, 0)):g}" for k in need) for n in nodes)
+        or "no nodes"
+    )
     raise UsageError(
         f"optimizer.world_size = {world_size} puts its ranks on one Ray node asking "
         f"{', '.join(f'{k} = {v:g}' for k, v in need.items())}, but the nodes have: {have}; "
