@@ -53,14 +53,22 @@ def main() -> None:
             world_sizes=world_sizes,
         )
     out["model"] = args.model
+    out["trials"] = len(trials)
+    out["policy_loss"] = args.policy_loss
     if args.json:
         print(json.dumps(out))
         return
+    print_table(out)
+
+
+def print_table(out: dict) -> None:
+    """``compare``'s figures (with ``model``, ``trials``, ``policy_loss``) as a table."""
+    world_sizes = sorted(int(key[2:]) for key in out if key.startswith("ws"))
     columns = [("torch", None), ("verl ws1", None)]
-    columns += [(f"verl ws{w}", out[f"ws{w}"]) for w in world_sizes if w != 1]
+    columns += [(f"verl ws{w}", out[f"ws{w}"]) for w in world_sizes]
     print(
-        f"one GRPO step ({args.policy_loss}), {len(trials)} trials, "
-        f"{out['policy_tokens']} policy tokens, {args.model}"
+        f"one GRPO step ({out['policy_loss']}), {out['trials']} trials, "
+        f"{out['policy_tokens']} policy tokens, {out['model']}"
     )
     print(f"{'':<24}" + "".join(f"{name:>14}" for name, _ in columns))
     losses = [out["torch_loss"], out["verl_loss"]] + [r["loss"] for _, r in columns[2:]]
@@ -74,7 +82,6 @@ def main() -> None:
     rows = [("ws1 vs torch", out)] + [
         (f"ws{w} vs {other}", out[f"ws{w}"][f"vs_{other}"])
         for w in world_sizes
-        if w != 1
         for other in ("torch", "ws1")
     ]
     print(f"{'':<24}{'loss':>12}{'grad norm':>12}{'log-probs':>12}")
