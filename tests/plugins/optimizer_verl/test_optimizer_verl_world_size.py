@@ -28,13 +28,18 @@ TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    """One private Ray for this module's tests (each group would otherwise start its own)."""
-    from slr.runtime import cluster
+def local_ray(ray_cluster):
+    """The session's simulated Ray cluster (``slr.testing``) with one more node that has room
+    for both ranks (2 CPUs): the ranks are packed on one node, and the cluster's own nodes
+    have 1 CPU each. Yields that node's id; the node goes again after this module."""
+    from slr.runtime.cluster import LOOPBACK
 
-    connection = cluster.connect(None, num_cpus=max(os.cpu_count() or 1, 2))
-    yield connection
-    connection.release()
+    node = ray_cluster.cluster.add_node(
+        num_cpus=2, node_ip_address=LOOPBACK, object_store_memory=200 * 1024 * 1024
+    )
+    ray_cluster.cluster.wait_for_nodes()
+    yield node.node_id
+    ray_cluster.cluster.remove_node(node)
 
 
 @pytest.mark.slow
@@ -77,6 +82,7 @@ def test_world_size_2_buckets_checkpoint_served_dtype_and_a_killed_rank(
         ranks = opt.group.ranks
         assert [r["rank"] for r in ranks] == [0, 1]
         assert len({r["pid"] for r in ranks} | {os.getpid()}) == 3  # a process per rank
+        assert {r["node_id"] for r in ranks} == {local_ray}  # packed on the node with room
         tb = batching.assemble(trials)
         before = opt.logprobs(tb)
         metrics = opt.step(trials)
