@@ -1,7 +1,7 @@
 """The verl optimizer's lifecycle on a tiny model: verl's worker starts (gloo, world size 1),
 steps, publishes its weights in bounded buckets, saves through verl's checkpoint manager,
-restores exactly what it saved after another step moved the weights, and on close leaves no
-process group behind."""
+restores exactly what it saved after another step moved the weights, serves a folder whose
+config says the dtype its tensors have, and on close leaves no process group behind."""
 
 from __future__ import annotations
 
@@ -64,15 +64,16 @@ def test_step_buckets_checkpoint_round_trip_and_close(tiny_model_dir, tmp_path):
         assert opt.steps == 1 and opt.updates == 1
         torch.testing.assert_close(opt.logprobs(tb), after, rtol=0, atol=1e-6)
 
-        # the servable folder is a Hugging Face model holding the saved weights (verl's
-        # manager writes config.json with dtype bfloat16; the tensors are the fp32 ones)
-        from transformers import AutoModelForCausalLM
+        # the servable folder is a Hugging Face model holding the saved weights, and its
+        # config says their dtype (verl's manager writes bfloat16 there; slr eval serves it
+        # with the dtype the config names)
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        served = AutoModelForCausalLM.from_pretrained(
-            opt.servable_weights(folder), dtype=torch.float32
-        )
+        assert AutoConfig.from_pretrained(opt.servable_weights(folder)).dtype == torch.float32
+        served = AutoModelForCausalLM.from_pretrained(opt.servable_weights(folder))
         state = served.state_dict()
         for name in names:
+            assert state[name].dtype == torch.float32, name
             torch.testing.assert_close(state[name], saved[name], rtol=0, atol=0)
 
         with pytest.raises(UsageError, match="incomplete"):

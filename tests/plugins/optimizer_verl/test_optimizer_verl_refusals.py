@@ -29,7 +29,6 @@ def test_optimizer_name_verl_takes_its_own_options():
 @pytest.mark.parametrize(
     ("options", "algorithm", "names"),
     [
-        ({"world_size": 2}, {}, "world_size = 2"),
         ({"model": "/nonexistent/model"}, {}, "cannot load model"),
         ({"model": ""}, {}, "no model to train"),
         ({}, {"policy_loss": "no-such-loss"}, "not a verl policy loss"),
@@ -50,6 +49,15 @@ def test_optimizer_name_verl_takes_its_own_options():
                 "rollout_correction": RolloutCorrectionSection(preset="bypass_ppo_clip"),
             },
             "bypass_mode = true",
+        ),
+        ({"world_size": 2}, {"adv_estimator": "gae"}, r"world_size = 2 with .*critic"),
+        ({"world_size": 2}, {"use_kl_loss": True}, r"world_size = 2 with .*reference"),
+        ({"world_size": 2, "lora_rank": 8}, {}, r"world_size = 2 with optimizer.lora_rank"),
+        ({"world_size": 2, "use_fused_kernels": True}, {}, r"world_size = 2 with .*fused"),
+        (
+            {"world_size": 2},
+            {"rollout_correction": RolloutCorrectionSection(preset="decoupled_token_is")},
+            r"world_size = 2 with \[algorithm.rollout_correction\]",
         ),
     ],
 )

@@ -4,7 +4,7 @@
 
     step-000012/
       verl/                verl's checkpoint manager's folder (FSDPCheckpointManager):
-        model_world_size_1_rank_0.pt, optim_..., extra_state_... (sharded state, per rank;
+        model_world_size_N_rank_R.pt, optim_..., extra_state_... (sharded state, per rank;
                            with LoRA the adapter's alone: verl's save_lora_only)
         huggingface/       a Hugging Face model folder (the optimizer's servable_weights;
                            not written with LoRA)
@@ -12,6 +12,12 @@
                            servable weights, over the base model it names
       critic/              gae only: the critic worker's checkpoint manager's folder
       trainer_state.json   step and update counts, the shuffling generator, options
+
+Every rank writes its own shard files (a checkpoint is loaded at the world size that wrote
+it); rank 0 writes ``huggingface/``. verl's manager writes that folder's ``config.json`` with
+``dtype: bfloat16`` whatever the tensors are (it builds the model it saves from the config
+in bf16), so a server reading the config would load fp32 weights as bf16: ``save`` sets the
+config's dtype to the one the safetensors files hold (``match_config_dtype``).
 
 The folder around these (its name, the ``COMPLETE`` marker, the loop's state) is
 ``slr.checkpoints``'s; ``load`` refuses a folder without the marker.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,37 @@ CRITIC = "critic"
 """The critic worker's checkpoint manager's folder (gae)."""
 STATE = "trainer_state.json"
 
+#: safetensors' dtype names -> transformers' ``dtype`` in config.json (floating types only).
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def tensor_dtype(folder: Path) -> str | None:
+    """The floating dtype of every tensor in ``folder``'s ``*.safetensors`` files, read from
+    their headers (nothing loaded); None when there are none or they differ."""
+    found: set[str] = set()
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with file.open("rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__" and entry.get("dtype") in _SAFETENSORS_DTYPES:
+                found.add(_SAFETENSORS_DTYPES[entry["dtype"]])
+    return found.pop() if len(found) == 1 else None
+
+
+def match_config_dtype(folder: Path) -> None:
+    """Make ``folder/config.json`` say the dtype its weights are stored in."""
+    config = Path(folder) / "config.json"
+    dtype = tensor_dtype(folder)
+    if dtype is None or not config.is_file():
+        return
+    data = json.loads(config.read_text())
+    keys = [key for key in ("dtype", "torch_dtype") if key in data] or ["dtype"]
+    if all(data.get(key) == dtype for key in keys):
+        return
+    data.update(dict.fromkeys(keys, dtype))
+    atomic_write(config, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
 
 def servable_weights(path: Path) -> Path:
     """What an engine serves from a checkpoint: the adapter folder of a LoRA run, else the
@@ -61,7 +99,9 @@ def save(opt: Any, path: Path) -> None:
     if target.exists():
         shutil.rmtree(target)
     opt.group.save(str(target), step=opt.steps)
-    if opt.lora is not None:
+    if opt.lora is None:
+        match_config_dtype(servable_weights(path))
+    else:
         adapter = path / ADAPTER
         if adapter.exists():
             shutil.rmtree(adapter)

@@ -38,7 +38,9 @@ class VerlOptimizerConfig(TrainerOptions):
     )
     world_size: int = option(
         1,
-        doc="Ranks of verl's worker group (one process each); 1: this process alone.",
+        doc="Ranks of verl's worker group, FSDP over them: 1 is verl's worker in this "
+        "process; N >= 2 are N Ray actors (one process each, on one node of the run's Ray, "
+        "[run] ray_address), each asking CPU = 1 (and GPU = 1 on cuda).",
         validator=validators.ge(1),
     )
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = option(

@@ -26,9 +26,12 @@ Each role (actor, reference, critic) is its own verl worker group with its own c
 by ``roles.build_group``, as verl's trainer makes them. With LoRA the reference is the actor
 with its adapter disabled (verl's ``ref_in_actor``) and only the adapter is exported.
 
-Weights go out through ``weight_buckets`` (a generator of buckets of at most
-``weight_bucket_bytes``, one parameter gathered at a time) or ``export_weights`` (a mapping
-that gathers each tensor when read); checkpoints are verl's checkpoint manager's.
+The worker group (``group.make_group``) is verl's worker in this process at ``world_size =
+1``, or ``world_size`` Ray actors (``ray_group.RayGroup``) that split each batch between
+them; this class is the same over both. Weights go out through ``weight_buckets`` (a
+generator of buckets of at most ``weight_bucket_bytes``, one parameter gathered at a time)
+or ``export_weights`` (a mapping that gathers each tensor when read); checkpoints are
+verl's checkpoint manager's, on every rank.
 """
 
 from __future__ import annotations
@@ -87,6 +90,29 @@ _CRITIC_METRICS = {
 }
 
 
+def _refuse_multi_rank(algorithm: AlgorithmSection, options: VerlOptimizerConfig) -> None:
+    """What runs at world size 1 only so far, refused by name at world size >= 2."""
+    if options.world_size == 1:
+        return
+    wanted = [
+        name
+        for name, on in (
+            ("algorithm.adv_estimator = 'gae' (the critic)", algorithm.adv_estimator == "gae"),
+            ("algorithm.use_kl_loss (the reference)", algorithm.use_kl_loss),
+            ("optimizer.lora_rank > 0", options.lora_rank > 0),
+            ("optimizer.use_fused_kernels", options.use_fused_kernels),
+            ("[algorithm.rollout_correction]", algorithm.rollout_correction.configured),
+        )
+        if on
+    ]
+    if wanted:
+        raise ConfigError(
+            f"optimizer.world_size = {options.world_size} with {', '.join(wanted)}: the "
+            f"verl optimizer spreads only the actor over ranks so far; set world_size = 1 "
+            f"for these, or turn them off"
+        )
+
+
 class VerlOptimizer:
     """``slr.contracts.Optimizer`` on verl's ``TrainingWorker`` (see the module docstring)."""
 
@@ -96,6 +122,7 @@ class VerlOptimizer:
         *,
         algorithm: AlgorithmSection,
         temperature: float,
+        ray_address: str | None = None,
     ) -> None:
         self.options = options = options or VerlOptimizerConfig()
         if temperature <= 0:
@@ -103,17 +130,13 @@ class VerlOptimizer:
                 f"rollout.temperature = {temperature} cannot be trained on: greedy decoding "
                 f"has no sampling distribution to score. Use a temperature > 0 (1.0 is usual)."
             )
-        if options.world_size != 1:
-            raise ConfigError(
-                f"optimizer.world_size = {options.world_size}: the verl optimizer runs one "
-                f"rank in its own process so far; set world_size = 1"
-            )
         if not options.model:
             raise ConfigError(
                 "the verl optimizer has no model to train: set [optimizer] model (a Hugging "
                 "Face model folder), or [engine] model for the engine and optimizer together"
             )
         check_names(algorithm)
+        _refuse_multi_rank(algorithm, options)
         self.correction = resolve(algorithm, options)
         self.algorithm = algorithm
         self.temperature = float(temperature)
@@ -150,7 +173,12 @@ class VerlOptimizer:
         self._forward = ClassForward.of(config) if options.use_fused_kernels else None
         try:
             self.group = build_group(
-                "actor", config, loss_fn=ppo_loss_fn(self.actor_cfg), device=self.device
+                "actor",
+                config,
+                loss_fn=ppo_loss_fn(self.actor_cfg),
+                device=self.device,
+                world_size=options.world_size,
+                ray_address=ray_address,
             )
             if ref_config is not None:
                 self.ref = build_group("ref", ref_config, loss_fn=None, device=self.device)
@@ -186,7 +214,12 @@ class VerlOptimizer:
         if not options.model:
             engine_model = getattr(config.engine.options, "model", "") or ""
             options = attrs.evolve(options, model=str(engine_model))
-        return cls(options, algorithm=config.algorithm, temperature=config.rollout.temperature)
+        return cls(
+            options,
+            algorithm=config.algorithm,
+            temperature=config.rollout.temperature,
+            ray_address=config.run.ray_address,
+        )
 
     def close(self) -> None:
         # the actor's group started the process group: it goes last
@@ -206,7 +239,7 @@ class VerlOptimizer:
 
     def _infer(
         self,
-        group: WorkerGroup,
+        group: Any,
         key: str,
         tb: batching.TrainBatch,
         layout: Layout | None,
@@ -322,7 +355,7 @@ class VerlOptimizer:
 
     def _train(
         self,
-        group: WorkerGroup,
+        group: Any,
         tb: batching.TrainBatch,
         rows: list[int],
         layout: Layout,
@@ -358,38 +391,21 @@ class VerlOptimizer:
 
     # -- weights and checkpoints ---------------------------------------------------------
 
-    def _named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Each parameter, gathered whole from its FSDP shards, one at a time, on the CPU."""
-        state = self.group.engine.module.state_dict()
-        for name, tensor in state.items():
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            yield name, full.detach().to("cpu", copy=True)
-
     def weight_buckets(
         self, max_bytes: int | None = None
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The policy's weights as buckets of ``(name, tensor)`` of at most ``max_bytes``
-        (``[optimizer] weight_bucket_bytes``; a larger tensor is a bucket of its own).
-        Only one bucket is held at a time: nothing copies the whole state dict."""
-        limit = max_bytes or self.options.weight_bucket_bytes
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, tensor in self._named_tensors():
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > limit:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            yield bucket
+        (``[optimizer] weight_bucket_bytes``; a larger tensor is a bucket of its own), one
+        parameter gathered from its FSDP shards at a time, on every rank of the group. Only
+        one bucket is held at a time: nothing copies the whole state dict."""
+        yield from self.group.weight_buckets(max_bytes or self.options.weight_bucket_bytes)
 
     def export_weights(self) -> Mapping[str, torch.Tensor]:
         """The policy's weights as a mapping that gathers each tensor when it is read; with
         LoRA, only the adapter's matrices (a ``WeightUpdate`` of kind ``"lora"``)."""
         if self.lora is not None:
             return lora.export(self.group.engine.module, self.lora)
-        return GatheredWeights(self.group.engine.module)
+        return self.group.export_weights()
 
     def save(self, path: Path) -> None:
         checkpoint.save(self, path)
@@ -447,21 +463,3 @@ def _loading(path: str, option: str) -> Iterator[None]:
             f"cannot load model {path!r} for the verl optimizer: {first}. Point [optimizer] "
             f"{option} at a Hugging Face model folder (config.json + weights)."
         ) from exc
-
-
-class GatheredWeights(Mapping[str, torch.Tensor]):
-    """A module's state dict read lazily: ``[name]`` gathers that tensor's FSDP shards."""
-
-    def __init__(self, module: Any) -> None:
-        self._state = module.state_dict()
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        tensor = self._state[name]
-        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-        return full.detach().to("cpu", copy=True)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._state)
-
-    def __len__(self) -> int:
-        return len(self._state)

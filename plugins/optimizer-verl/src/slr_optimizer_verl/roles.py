@@ -12,17 +12,29 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Literal
 
-from slr_optimizer_verl.worker import WorkerGroup
+from slr_optimizer_verl.group import make_group
 
 Role = Literal["actor", "ref", "critic"]
 
 
-def build_group(role: Role, config: Any, *, loss_fn: Any, device: str) -> WorkerGroup:
-    """The worker group for ``role`` from its verl ``TrainingWorkerConfig``."""
+def build_group(
+    role: Role,
+    config: Any,
+    *,
+    loss_fn: Any,
+    device: str,
+    world_size: int = 1,
+    ray_address: str | None = None,
+) -> Any:
+    """The worker group for ``role`` from its verl ``TrainingWorkerConfig``: verl's worker in
+    this process at world size 1, ``world_size`` Ray actors otherwise (``group.make_group``;
+    the optimizer refuses the reference and critic at world size >= 2 so far)."""
     if role == "critic" and device == "cpu":
         # verl's value-model loader asks for flash-attn; the CPU platform's own engine does not
         from slr_optimizer_verl import cpu_value_engine  # noqa: F401 - registers the engine
-    return WorkerGroup(config, loss_fn=loss_fn, device=device)
+    return make_group(
+        config, loss_fn=loss_fn, device=device, world_size=world_size, ray_address=ray_address
+    )
 
 
 def value_loss_fn(critic_config: Any) -> Any:

@@ -10,7 +10,7 @@ tool output is masked out of the loss, rows of different lengths.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,17 @@ def critic_folder(model_path: str, folder: Path, *, seed: int = 0) -> dict[str, 
     return {"weight": head.weight.detach().clone(), "bias": head.bias.detach().clone()}
 
 
+def _versus(mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
+    """Relative differences of two runs' loss, gradient norm and log-probs after the step."""
+    a, b = theirs["after"], mine["after"]
+    return {
+        "loss_rel": rel(theirs["loss"], mine["loss"]),
+        "grad_norm_rel": rel(theirs["grad_norm"], mine["grad_norm"]),
+        "logprobs_rel_max": float(((a - b).abs() / a.abs().clamp(min=1e-12)).max()),
+        "logprobs_abs_max": float((a - b).abs().max()),
+    }
+
+
 def compare(
     model_path: str,
     trials: list[TrialResult],
@@ -108,12 +119,17 @@ def compare(
     torch_options: Mapping[str, Any] | None = None,
     verl_options: Mapping[str, Any] | None = None,
     value_head: Mapping[str, torch.Tensor] | None = None,
+    world_sizes: Sequence[int] = (1,),
 ) -> dict[str, Any]:
-    """``steps`` steps of each trainer on ``trials``; the last step's figures and their
-    relative differences, and each trainer's metrics (``torch``, ``verl``).
+    """``steps`` steps of the torch trainer and of this optimizer at each of ``world_sizes``
+    on ``trials``: the last step's figures and their relative differences.
 
-    ``torch_options`` / ``verl_options`` are further options of each; ``value_head`` (gae,
-    from ``critic_folder``) is copied into the torch optimizer's value head.
+    World size 1's figures are ``verl_loss``, ``verl_grad_norm``, ``loss_rel`` (vs torch),
+    ..., and each trainer's metrics (``torch``, ``verl``); each other world size N has
+    ``wsN`` with its ``loss``, ``grad_norm``, ``s`` and ``vs_torch`` / ``vs_ws1`` (the same
+    differences against torch and world size 1). ``torch_options`` / ``verl_options`` are
+    further options of each; ``value_head`` (gae, from ``critic_folder``) is copied into the
+    torch optimizer's value head.
     """
     from slr_optimizer_torch import batch as batching
     from slr_optimizer_torch.config import TorchOptimizerConfig
@@ -123,8 +139,9 @@ def compare(
     from slr_optimizer_verl.optimizer import VerlOptimizer
 
     algorithm = algorithm or AlgorithmSection()
-    out: dict[str, Any] = {}
     tb = batching.assemble(trials)
+    mask = tb.response_mask > 0
+    runs: dict[str, dict[str, Any]] = {}
 
     t0 = time.perf_counter()
     torch_opt = TorchOptimizer(
@@ -144,41 +161,70 @@ def compare(
         with torch.no_grad():
             torch_opt.value_head.linear.weight.copy_(value_head["weight"])
             torch_opt.value_head.linear.bias.copy_(value_head["bias"])
-    torch_metrics = [torch_opt.step(trials) for _ in range(steps)][-1]
-    torch_after = torch_opt._score_all(tb, torch_opt.scorer).logprobs
-    out["torch_s"] = time.perf_counter() - t0
+    metrics = [torch_opt.step(trials) for _ in range(steps)][-1]
+    after = torch_opt._score_all(tb, torch_opt.scorer).logprobs
     del torch_opt
+    runs["torch"] = {
+        "loss": metrics["actor/pg_loss"],
+        "grad_norm": metrics["actor/grad_norm"],
+        "after": after[mask].double(),
+        "s": time.perf_counter() - t0,
+        "metrics": metrics,
+    }
 
-    t0 = time.perf_counter()
-    verl_opt = VerlOptimizer(
-        VerlOptimizerConfig(
-            model=model_path, lr=lr, dtype="float32", device="cpu", **dict(verl_options or {})
-        ),
-        algorithm=algorithm,
-        temperature=temperature,
-    )
-    try:
-        verl_metrics = [verl_opt.step(trials) for _ in range(steps)][-1]
-        verl_after = verl_opt.logprobs(tb)
-    finally:
-        verl_opt.close()
-    out["verl_s"] = time.perf_counter() - t0
-
-    mask = tb.response_mask > 0
-    a, b = torch_after[mask].double(), verl_after[mask].double()
-    out.update(
-        {
-            "policy_tokens": int(mask.sum()),
-            "torch_loss": torch_metrics["actor/pg_loss"],
-            "verl_loss": verl_metrics["actor/pg_loss"],
-            "torch_grad_norm": torch_metrics["actor/grad_norm"],
-            "verl_grad_norm": verl_metrics["actor/grad_norm"],
-            "loss_rel": rel(torch_metrics["actor/pg_loss"], verl_metrics["actor/pg_loss"]),
-            "grad_norm_rel": rel(torch_metrics["actor/grad_norm"], verl_metrics["actor/grad_norm"]),
-            "logprobs_rel_max": float(((a - b).abs() / a.abs().clamp(min=1e-12)).max()),
-            "logprobs_abs_max": float((a - b).abs().max()),
-            "torch": torch_metrics,
-            "verl": verl_metrics,
+    for world_size in world_sizes:
+        t0 = time.perf_counter()
+        verl_opt = VerlOptimizer(
+            VerlOptimizerConfig(
+                model=model_path,
+                lr=lr,
+                dtype="float32",
+                device="cpu",
+                world_size=world_size,
+                **dict(verl_options or {}),
+            ),
+            algorithm=algorithm,
+            temperature=temperature,
+        )
+        try:
+            metrics = [verl_opt.step(trials) for _ in range(steps)][-1]
+            after = verl_opt.logprobs(tb)
+        finally:
+            verl_opt.close()
+        runs[f"ws{world_size}"] = {
+            "loss": metrics["actor/pg_loss"],
+            "grad_norm": metrics["actor/grad_norm"],
+            "after": after[mask].double(),
+            "s": time.perf_counter() - t0,
+            "metrics": metrics,
         }
-    )
+
+    torch_run = runs["torch"]
+    out: dict[str, Any] = {
+        "policy_tokens": int(mask.sum()),
+        "torch_loss": torch_run["loss"],
+        "torch_grad_norm": torch_run["grad_norm"],
+        "torch_s": torch_run["s"],
+        "torch": torch_run["metrics"],
+    }
+    for world_size in world_sizes:
+        run = runs[f"ws{world_size}"]
+        if world_size == 1:
+            out.update(
+                {
+                    "verl_loss": run["loss"],
+                    "verl_grad_norm": run["grad_norm"],
+                    "verl_s": run["s"],
+                    "verl": run["metrics"],
+                    **_versus(run, torch_run),
+                }
+            )
+            continue
+        out[f"ws{world_size}"] = {
+            "loss": run["loss"],
+            "grad_norm": run["grad_norm"],
+            "s": run["s"],
+            "vs_torch": _versus(run, torch_run),
+            **({"vs_ws1": _versus(run, runs["ws1"])} if "ws1" in runs else {}),
+        }
     return out

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
+
+from slr_optimizer_verl import weights
 
 if TYPE_CHECKING:
     from verl.workers.engine_workers import TrainingWorker
@@ -40,6 +43,8 @@ def resolve_device(name: str) -> str:
 
 class WorkerGroup:
     """One rank of verl's training worker group, in this process (world size 1)."""
+
+    world_size = 1
 
     def __init__(self, config: Any, *, loss_fn: Any, device: str) -> None:
         import torch.distributed as dist
@@ -104,6 +109,18 @@ class WorkerGroup:
 
     def load(self, path: str) -> None:
         self.worker.load_checkpoint(local_path=path, del_local_after_load=False)
+
+    def weight_buckets(self, max_bytes: int) -> Iterator[weights.Named]:
+        """The policy's weights in buckets of at most ``max_bytes``, one gathered at a time."""
+        module = self.engine.module
+        for names in weights.plan_buckets(weights.sizes(module), max_bytes):
+            yield weights.gather(module, names)
+
+    def export_weights(self) -> Mapping[str, torch.Tensor]:
+        """The policy's weights as a mapping that gathers each tensor when it is read."""
+        module = self.engine.module
+        names = [name for name, _ in weights.sizes(module)]
+        return weights.GatheredWeights(names, lambda wanted: weights.gather(module, wanted))
 
     def close(self) -> None:
         import torch.distributed as dist
