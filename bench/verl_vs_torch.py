@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import sys
+from typing import Any
 
 from slr_optimizer_verl.testing import agreement_trials, compare
 
@@ -23,7 +24,7 @@ from slr.config import AlgorithmSection
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--n", type=int, default=3)
@@ -64,7 +65,7 @@ def main() -> None:
 def print_table(out: dict) -> None:
     """``compare``'s figures (with ``model``, ``trials``, ``policy_loss``) as a table."""
     world_sizes = sorted(int(key[2:]) for key in out if key.startswith("ws"))
-    columns = [("torch", None), ("verl ws1", None)]
+    columns: list[tuple[str, Any]] = [("torch", None), ("verl ws1", None)]
     columns += [(f"verl ws{w}", out[f"ws{w}"]) for w in world_sizes]
     print(
         f"one GRPO step ({out['policy_loss']}), {out['trials']} trials, "
