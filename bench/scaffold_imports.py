@@ -30,9 +30,12 @@ import subprocess
 from typing import Any
 
 from slr.agents.bundle_recipes import python_bin, python_env
+from slr.agents.prestart_main import FREEZE_IMPORTS_ENV
+from slr.contracts import Endpoint
 from slr.plugins import get_plugin_manager
 
 PYTHON_SCAFFOLDS = ("openhands", "terminus")
+NO_ENDPOINT = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="-", model="-")
 
 # Runs on the bundle's interpreter (standard library only).
 PROBE = r"""
@@ -132,13 +135,15 @@ def bench(agent_name: str, runs: int) -> dict[str, Any]:
     bundle = agent.bundle()
     root = str(bundle.path)
     python = python_bin(root, agent.config.python)
+    # the driver's environment (an endpoint that is never called: only imports run)
+    _, driver_env = agent.command(root, NO_ENDPOINT)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/tmp"),
-        **agent._env(root),  # the driver's environment, without the session's key
+        **driver_env,
         **python_env(root),
     }
-    env.pop("SLR_FREEZE_IMPORTS", None)  # the probe chooses
+    env.pop(FREEZE_IMPORTS_ENV, None)  # the probe chooses
     modules = _driver_modules(agent_name)
     cpu: dict[str, list[float]] = {"before": [], "after": []}
     count = 0
