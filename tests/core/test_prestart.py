@@ -18,6 +18,7 @@ from slr_backend_local.backend import LocalBackend
 
 from slr.agents.headless import AGENT_DIR, ScaffoldCrashed, driver_command, run_scaffold
 from slr.agents.prestart import PRESTART_DIR, Prestarted, start_interpreter, take
+from slr.agents.prestart_main import FREEZE_IMPORTS_ENV
 from slr.contracts import Bundle, Endpoint
 from slr.sandboxing.pool import SandboxPool
 from slr.tasks import load_task
@@ -28,17 +29,20 @@ ENDPOINT = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="trial-key", model
 PYTHON = "/usr/bin/python3"
 
 HEAVY = """\
-import os
+import gc, os
 IMPORTED_BY = os.getpid()
 with open("/tmp/heavy-imported-by", "a") as fh:
     fh.write(f"{IMPORTED_BY}\\n")
+with open("/tmp/heavy-gc", "w") as fh:  # was the collector on while it was imported?
+    fh.write("on" if gc.isenabled() else "paused")
 """
 
 # The driver: reports what it sees, then does what its settings say.
 DRIVER = """\
-import json, os, sys, time
+import gc, json, os, sys, time
 settings = json.load(open(sys.argv[1]))
 print(json.dumps({
+    "gc": [gc.isenabled(), gc.get_freeze_count() > 0],
     "pid": os.getpid(),
     "preloaded": "heavy" in sys.modules,
     "key": os.environ.get("SLR_TEST_KEY"),
@@ -102,9 +106,9 @@ async def _sandbox(backend, adapter, name: str):
     )
 
 
-async def _prestart(sandbox, adapter, modules=("heavy",)) -> Prestarted | None:
+async def _prestart(sandbox, adapter, modules=("heavy",), env=None) -> Prestarted | None:
     return await start_interpreter(
-        sandbox, python=PYTHON, modules=modules, env=adapter.env(BUNDLE_MOUNT)
+        sandbox, python=PYTHON, modules=modules, env={**adapter.env(BUNDLE_MOUNT), **(env or {})}
     )
 
 
@@ -157,6 +161,29 @@ def test_the_driver_runs_in_the_interpreter_that_imported_ahead_as_a_fresh_one_w
     assert warm.exit_code == cold.exit_code == 3 and not warm.timed_out
     assert warm.logs["stderr"] == cold.logs["stderr"] == "to stderr\n"
     assert ended.exit_code == 3
+    # without SLR_FREEZE_IMPORTS, Python's own collector settings throughout
+    assert seen["gc"] == fresh["gc"] == [True, False]
+
+
+@pytest.mark.timeout(60)
+def test_frozen_imports_pause_the_collector_for_the_import_and_hand_the_driver_it_on(
+    backend, adapter
+):
+    async def go():
+        sandbox = await _sandbox(backend, adapter, "frozen")
+        try:
+            prestarted = await _prestart(sandbox, adapter, env={FREEZE_IMPORTS_ENV: "1"})
+            assert prestarted is not None
+            warm = await _run(sandbox, adapter, {"do": "exit"}, prestarted)
+            during = await sandbox.exec("cat /tmp/heavy-gc")
+            return warm, during.stdout
+        finally:
+            await sandbox.stop()
+
+    warm, during = asyncio.run(go())
+    assert during == "paused"  # the heavy import ran with the collector paused
+    # and the driver runs with it on again, the import's objects frozen out of its scans
+    assert _seen(warm)["gc"] == [True, True] and warm.exit_code == 0
 
 
 @pytest.mark.timeout(60)

@@ -55,3 +55,10 @@ def test_the_condenser_is_on_as_in_openhands_default_agent_and_configurable():
     assert off["condenser"] is None
     with pytest.raises(ValueError, match="condenser_keep_first = 9 leaves nothing to condense"):
         OpenHandsConfig(condenser_max_events=20, condenser_keep_first=9)
+
+
+def test_the_import_runs_frozen_by_default_and_python_default_is_a_setting():
+    endpoint = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    assert OpenHands().command("/b", endpoint)[1]["SLR_FREEZE_IMPORTS"] == "1"
+    off = OpenHands(OpenHandsConfig(freeze_imports=False)).command("/b", endpoint)[1]
+    assert "SLR_FREEZE_IMPORTS" not in off

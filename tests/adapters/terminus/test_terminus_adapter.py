@@ -70,3 +70,10 @@ def test_summarisation_is_on_as_in_harbor_with_a_threshold_that_fits_the_window(
     )
     off = Terminus(TerminusConfig(enable_summarize=False, summarize_free_tokens=0))
     assert off.settings(endpoint)["enable_summarize"] is False
+
+
+def test_the_import_runs_frozen_by_default_and_python_default_is_a_setting():
+    endpoint = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    assert Terminus().command("/b", endpoint)[1]["SLR_FREEZE_IMPORTS"] == "1"
+    off = Terminus(TerminusConfig(freeze_imports=False)).command("/b", endpoint)[1]
+    assert "SLR_FREEZE_IMPORTS" not in off

@@ -24,6 +24,7 @@ from slr.agents.headless import (
     run_scaffold,
 )
 from slr.agents.prestart import Prestarted, start_interpreter, take
+from slr.agents.prestart_main import FREEZE_IMPORTS_ENV
 from slr.agents.tmux import ENV as TMUX_ENV
 from slr.agents.tmux import end_tmux, with_tmux
 from slr.config import option
@@ -87,6 +88,14 @@ class OpenHandsConfig:
         "agent reaches its first model call without paying the import. The CPU is still "
         "the trial's (costs.cpu_s.sandbox_start). No effect without a pool.",
     )
+    freeze_imports: bool = option(
+        True,
+        doc="Import the SDK with Python's cyclic garbage collector paused, then freeze "
+        "what the import made (gc.freeze), in the trial's interpreter or the prestarted "
+        "one: about a fifth less start-up CPU, and the trial's later full collections skip "
+        "the import's objects. Python's own setting, the scaffold unchanged; false: "
+        "Python's default (the collector runs during the import).",
+    )
 
 
 class OpenHands(AgentAdapter):
@@ -128,6 +137,7 @@ class OpenHands(AgentAdapter):
             # its model calls go through litellm: the price list is read locally, not fetched
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             **TMUX_ENV,
+            **({FREEZE_IMPORTS_ENV: "1"} if self.config.freeze_imports else {}),
             **({"ALLOW_SHORT_CONTEXT_WINDOWS": "true"} if self.config.allow_short_context else {}),
             **self.config.env,
         }

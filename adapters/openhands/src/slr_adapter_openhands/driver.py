@@ -7,6 +7,7 @@ adapter. The API key comes from the environment.
 Usage: python driver.py SETTINGS_JSON
 """
 
+import gc
 import json
 import os
 import sys
@@ -45,6 +46,12 @@ PRELOAD = (
 
 
 def main(settings: dict) -> int:
+    # SLR_FREEZE_IMPORTS=1 (the adapter's freeze_imports): import with the cyclic garbage
+    # collector paused, then freeze what the import made, as slr.agents.prestart_main's
+    # frozen_imports does (this file runs without slr).
+    freeze = os.environ.get("SLR_FREEZE_IMPORTS") == "1"
+    if freeze:
+        gc.disable()
     # The SDK lives in the bundle's venv (Python >= 3.12), where this runs, not the dev venv.
     from openhands.sdk import LLM, Agent, Conversation, Tool  # pyright: ignore[reportMissingImports]
     from openhands.tools.file_editor import FileEditorTool  # pyright: ignore[reportMissingImports]
@@ -52,6 +59,9 @@ def main(settings: dict) -> int:
     from openhands.tools.terminal import TerminalTool  # pyright: ignore[reportMissingImports]
     from pydantic import SecretStr
 
+    if freeze:
+        gc.freeze()
+        gc.enable()
     known = {t.name: t for t in (TerminalTool, FileEditorTool, TaskTrackerTool)}
     unknown = sorted(set(settings["tools"]) - set(known))
     if unknown:

@@ -9,6 +9,7 @@ Usage: python driver.py SETTINGS_JSON   (written by the slr adapter)
 """
 
 import asyncio
+import gc
 import json
 import os
 import shutil
@@ -91,9 +92,19 @@ class ThisMachine:
 
 
 async def main(settings: dict) -> int:
+    # SLR_FREEZE_IMPORTS=1 (the adapter's freeze_imports): import with the cyclic garbage
+    # collector paused, then freeze what the import made, as slr.agents.prestart_main's
+    # frozen_imports does (this file runs without slr).
+    freeze = os.environ.get("SLR_FREEZE_IMPORTS") == "1"
+    if freeze:
+        gc.disable()
     # harbor lives in the bundle's venv (Python >= 3.12), where this runs.
     from harbor.agents.terminus_2.terminus_2 import Terminus2  # pyright: ignore[reportMissingImports]
     from harbor.models.agent.context import AgentContext  # pyright: ignore[reportMissingImports]
+
+    if freeze:
+        gc.freeze()
+        gc.enable()
 
     logs = Path(settings["logs_dir"])
     logs.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,15 @@ sees what a fresh ``python ARGV...`` would have printed and returned. The launch
 connection is the interpreter's lifeline: when the launcher dies (the trial's timeout
 killed it, the trial was cancelled), the interpreter kills its own process group at once.
 Exit 75 with ``UNAVAILABLE`` on stderr: no interpreter is waiting (nothing ran).
+
+With ``SLR_FREEZE_IMPORTS=1`` in its environment (``FREEZE_IMPORTS_ENV``, the adapters'
+``freeze_imports``), ``serve`` imports its modules with the cyclic garbage collector paused
+and then freezes what they made (``frozen_imports``).
 """
 
 import atexit
+import contextlib
+import gc
 import json
 import os
 import signal
@@ -30,6 +36,34 @@ import threading
 UNAVAILABLE = "slr-prestart: no prestarted interpreter is waiting"
 UNAVAILABLE_EXIT = 75  # EX_TEMPFAIL: nothing ran, run the command afresh
 _MAX_MESSAGE = 1 << 20
+#: The environment variable that turns ``frozen_imports`` on ("1"); the scaffolds' drivers
+#: read the same name (they run without slr).
+FREEZE_IMPORTS_ENV = "SLR_FREEZE_IMPORTS"
+
+
+@contextlib.contextmanager
+def frozen_imports(on=True):
+    """Import with the cyclic garbage collector paused, then freeze what was made.
+
+    A scaffold's import creates over half a million objects (classes, functions, pydantic
+    schemas) that live as long as the process; the collector scans them again and again
+    while they are made (16-20% of the import's CPU for litellm's 3,000 modules) and in
+    every full collection after. Pausing it during the import and moving them into its
+    permanent generation afterwards (``gc.freeze``, as pre-forking servers do) skips that
+    work; nothing the program does changes, and only the cycles made during the import
+    (a few dozen objects) are never collected.
+    """
+    if not on:
+        yield
+        return
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def _exit_code(code):
@@ -69,13 +103,14 @@ def serve(folder, modules):
             pass
 
     atexit.register(report)
-    for name in modules:
-        try:
-            importlib.import_module(name.lstrip("?"))
-        except ImportError as exc:
-            if not name.startswith("?"):
-                raise
-            print(f"slr-prestart: skipped {name[1:]} ({exc})", file=sys.stderr)
+    with frozen_imports(os.environ.get(FREEZE_IMPORTS_ENV) == "1"):
+        for name in modules:
+            try:
+                importlib.import_module(name.lstrip("?"))
+            except ImportError as exc:
+                if not name.startswith("?"):
+                    raise
+                print(f"slr-prestart: skipped {name[1:]} ({exc})", file=sys.stderr)
     path = os.path.join(folder, "sock")
     if os.path.exists(path):
         os.unlink(path)
