@@ -115,12 +115,15 @@ class ExecChannel:
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._inbox = bytearray()
+        # one read buffer, reused: a fresh large one per read is an mmap and munmap each time
+        self._chunk = bytearray(1 << 16)
+        self._chunk_view = memoryview(self._chunk)
         self._outbox = bytearray()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
 
     def hello(self, env: Sequence[str]) -> None:
-        self._queue(proto.frame(proto.HELLO, 0, json.dumps({"env": list(env)}).encode()))
+        self._queue(_frame(proto.HELLO, 0, json.dumps({"env": list(env)}).encode()))
 
     async def run(
         self,
@@ -144,13 +147,13 @@ class ExecChannel:
         pending = _Pending(future=loop.create_future(), sent=time.monotonic())
         self._pending[exec_id] = pending
         try:
-            self._queue(proto.frame(proto.RUN, exec_id, json.dumps(request).encode()))
+            self._queue(_frame(proto.RUN, exec_id, json.dumps(request).encode()))
             timed_out = False
             try:
                 code = await asyncio.wait_for(asyncio.shield(pending.future), timeout_s)
             except TimeoutError:
                 timed_out = True
-                self._queue(proto.frame(proto.KILL, exec_id))
+                self._queue(_frame(proto.KILL, exec_id))
                 try:
                     code = await asyncio.wait_for(pending.future, KILL_WAIT_S)
                 except TimeoutError:
@@ -159,7 +162,7 @@ class ExecChannel:
                     ) from None
             except asyncio.CancelledError:
                 with contextlib.suppress(ChannelLost):
-                    self._queue(proto.frame(proto.KILL, exec_id))
+                    self._queue(_frame(proto.KILL, exec_id))
                 raise
         finally:
             self._pending.pop(exec_id, None)
@@ -227,16 +230,16 @@ class ExecChannel:
 
     def _on_readable(self) -> None:
         try:
-            data = self._conn.recv(1 << 18)
+            n = self._conn.recv_into(self._chunk)
         except BlockingIOError:
             return
         except OSError as exc:
             return self._lost(f"the exec channel broke: {exc}")
-        if not data:
+        if not n:
             return self._lost("the exec server closed its end")
         read = time.monotonic()
         inbox = self._inbox
-        inbox += data
+        inbox += self._chunk_view[:n]
         head = proto.HEADER.size
         while len(inbox) >= head:
             kind, exec_id, size = proto.HEADER.unpack_from(inbox)
@@ -254,7 +257,9 @@ class ExecChannel:
             elif kind == proto.STDERR:
                 pending.stderr += payload
             elif kind == proto.EXIT:
-                code, server_read, started, exited, server_sent = proto.EXIT_BODY.unpack(payload)
+                body = json.loads(payload)
+                code = int(body["code"])
+                server_read, started, exited, server_sent = body["t"]
                 pending.trace = ExecTrace(
                     sent=pending.sent,
                     server_read=server_read,
@@ -290,3 +295,7 @@ class ExecChannel:
         """Stop using the server (idempotent); commands still running fail ``ChannelLost``."""
         if not self.closed:
             self._lost("the exec channel is closed")
+
+
+def _frame(kind: int, exec_id: int, payload: bytes = b"") -> bytes:
+    return proto.HEADER.pack(kind, exec_id, len(payload)) + payload
