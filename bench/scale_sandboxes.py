@@ -1,6 +1,6 @@
 """Sandbox backends at scale: docker exec latency and k8s API traffic, before vs after.
 
-    .venv/bin/python bench/scale_sandboxes.py --n 8 --n 128 --pods 64      # the issue's sizes
+    .venv/bin/python bench/scale_sandboxes.py --n 8 --n 32 --n 128 --skip-k8s  # the issue's sizes
     .venv/bin/python bench/scale_sandboxes.py --n 8 --n 32 --pods 16 --json  # a 2-core machine
     .venv/bin/python bench/scale_sandboxes.py --skip-k8s                   # docker only
 
@@ -9,9 +9,15 @@ Bounded and loopback only: the docker daemon on this machine, and the cluster in
 sandbox and pod it starts is stopped before it exits.
 
 1. docker: ``N`` trials of the trivial ``hello-world`` task at once (``--n``, each size in
-   turn), all ``N`` sandboxes up before any command; each command's latency is recorded, on
-   the same sandboxes through both paths, side by side: the daemon's exec API (before) and
-   the exec server in the container's PID 1 (after). Two loads:
+   turn), all ``N`` sandboxes up before any command; each command's latency is recorded.
+   Each size runs in a fresh process, first on the code of ``--before REF`` (a git commit,
+   extracted to a temporary folder and imported instead of this checkout's core and docker
+   backend), then on this code, ``--rounds`` times: before and after side by side, under
+   the same machine load. Each row has the CPU per command (this process; the sandboxes'
+   cgroups), the host's threads, the load average and how busy the machine's CPUs were, and
+   where this code's commands spent their time (``ExecTrace``: to server, spawn, command,
+   result sent, to host; p50/p99). ``--daemon`` also runs every load through the daemon's
+   exec API on the same sandboxes. Two loads:
    * ``paced``: each trial runs ``--execs`` commands (``true``) ``--think-s`` apart (an
      agent waiting on its model between commands; first one at a random offset), the
      load a run puts on the backend. The p99 at the largest ``N`` over the p99 at the
@@ -55,8 +61,8 @@ def _p(values: list[float], q: float) -> float:
 
 # -- docker ----------------------------------------------------------------------------
 
-#: The exec path before the one-loop exec server (a thread per command in PID 1, a reader
-#: thread per sandbox on the host): ``--before`` runs that commit's code beside this one.
+#: The commit whose exec path ``--before`` runs beside this one's by default: main before
+#: the exec trace (and before the one-loop design that was measured slower and not kept).
 BEFORE_REF = "4955d57"
 SEGMENTS = (
     ("to server", "sent", "server_read"),

@@ -6,13 +6,9 @@ dials it before it says it is ready, so right after the ready line ``accept_read
 takes that one connection (and removes the listener: nothing started later in the sandbox
 can dial it) or finds none, and the backend runs its commands through the daemon instead.
 
-``ExecChannel`` multiplexes a sandbox's commands over that connection, on the event loop of
-whoever runs them: the socket is one more reader of that loop, so every sandbox's channel is
-served by the loop that awaits its commands, with no thread per sandbox and no hand-over
-between threads on the way back (at 128 sandboxes a thread each meant 128 threads waking
-and queueing for the GIL, and one more wake-up per result). A sandbox may still be driven
-from several loops one after the other (tests run each step in its own ``asyncio.run``):
-the channel moves to the loop of the next command once the previous loop is done with it.
+``ExecChannel`` multiplexes a sandbox's commands over that connection. A thread reads the
+frames and completes each command's future on the event loop that asked, so a sandbox may
+be driven from several loops (tests) and no loop blocks on the socket.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ import contextlib
 import itertools
 import json
 import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -45,7 +42,7 @@ class ChannelLost(Exception):
 class ExecTrace:
     """Where one command's time went (``time.monotonic``, which the host and its containers
     share): the host sent its frame, the server read it, the command had started, it exited,
-    the server sent the result, the host read it."""
+    the server sent the result, the host's reader read it."""
 
     sent: float
     server_read: float
@@ -85,6 +82,7 @@ class ExecListener:
                 conn, _ = self._sock.accept()
             except BlockingIOError:
                 return None
+            conn.setblocking(True)
             channel = ExecChannel(conn)
             channel.hello(env)
             return channel
@@ -98,10 +96,11 @@ class ExecListener:
 
 @attrs.define
 class _Pending:
+    loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-    sent: float
     stdout: bytearray = attrs.field(factory=bytearray)
     stderr: bytearray = attrs.field(factory=bytearray)
+    sent: float = 0.0
     trace: ExecTrace | None = None
 
 
@@ -110,20 +109,16 @@ class ExecChannel:
 
     def __init__(self, conn: socket.socket) -> None:
         self._conn = conn
-        self._fd = conn.fileno()
-        conn.setblocking(False)
+        self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
-        self._inbox = bytearray()
-        # one read buffer, reused: a fresh large one per read is an mmap and munmap each time
-        self._chunk = bytearray(1 << 16)
-        self._chunk_view = memoryview(self._chunk)
-        self._outbox = bytearray()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
         self.closed = False
+        self._reader = threading.Thread(target=self._read, name="slr-exec-channel", daemon=True)
+        self._reader.start()
 
     def hello(self, env: Sequence[str]) -> None:
-        self._queue(_frame(proto.HELLO, 0, json.dumps({"env": list(env)}).encode()))
+        self._send(proto.HELLO, 0, json.dumps({"env": list(env)}).encode())
 
     async def run(
         self,
@@ -138,22 +133,24 @@ class ExecChannel:
         """Run ``argv``; on timeout its process tree is killed and what it printed so far
         comes back with ``timed_out``; a cancelled call kills it too. ``ChannelLost`` if the
         server went away."""
-        if self.closed:
-            raise ChannelLost("the exec channel is closed")
-        loop = self._attach()
+        loop = asyncio.get_running_loop()
         exec_id = next(self._ids)
+        pending = _Pending(loop=loop, future=loop.create_future())
+        with self._lock:
+            if self.closed:
+                raise ChannelLost("the exec channel is closed")
+            self._pending[exec_id] = pending
         request = {"argv": list(argv), "user": user, "cwd": cwd, "env": dict(env or {})}
         request["marker"] = marker
-        pending = _Pending(future=loop.create_future(), sent=time.monotonic())
-        self._pending[exec_id] = pending
+        pending.sent = time.monotonic()
         try:
-            self._queue(_frame(proto.RUN, exec_id, json.dumps(request).encode()))
+            self._send(proto.RUN, exec_id, json.dumps(request).encode())
             timed_out = False
             try:
                 code = await asyncio.wait_for(asyncio.shield(pending.future), timeout_s)
             except TimeoutError:
                 timed_out = True
-                self._queue(_frame(proto.KILL, exec_id))
+                self._send(proto.KILL, exec_id)
                 try:
                     code = await asyncio.wait_for(pending.future, KILL_WAIT_S)
                 except TimeoutError:
@@ -162,10 +159,11 @@ class ExecChannel:
                     ) from None
             except asyncio.CancelledError:
                 with contextlib.suppress(ChannelLost):
-                    self._queue(_frame(proto.KILL, exec_id))
+                    self._send(proto.KILL, exec_id)
                 raise
         finally:
-            self._pending.pop(exec_id, None)
+            with self._lock:
+                self._pending.pop(exec_id, None)
         return ExecOutput(
             exit_code=code,
             stdout=bytes(pending.stdout),
@@ -174,128 +172,68 @@ class ExecChannel:
             trace=pending.trace,
         )
 
-    # -- the loop that serves the socket -------------------------------------------------
-
-    def _attach(self) -> asyncio.AbstractEventLoop:
-        """Serve the socket on the running loop (moved here from a loop that is done)."""
-        loop = asyncio.get_running_loop()
-        old = self._loop
-        if old is loop:
-            return loop
-        if old is not None and not old.is_closed():
-            if old.is_running() and self._pending:
-                raise RuntimeError(
-                    "this sandbox's exec channel is serving commands on another event loop; "
-                    "run a sandbox's commands from one loop at a time"
-                )
-            old.remove_reader(self._fd)
-            old.remove_writer(self._fd)
-        # commands of a loop that ended without them: nobody waits for their results
-        self._pending.clear()
-        self._loop = loop
-        loop.add_reader(self._fd, self._on_readable)
-        if self._outbox:
-            loop.add_writer(self._fd, self._on_writable)
-        return loop
-
-    def _queue(self, data: bytes) -> None:
-        """Send now what the socket takes, the rest when the loop says it can take more."""
-        if self.closed:
-            raise ChannelLost("the exec channel is closed")
-        if not self._outbox:
-            try:
-                sent = self._conn.send(data)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                self._lost(f"the exec server is gone ({exc})")
-                raise ChannelLost(f"the exec server is gone ({exc})") from exc
-            data = data[sent:]
-            if not data:
-                return
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.add_writer(self._fd, self._on_writable)
-        self._outbox += data
-
-    def _on_writable(self) -> None:
+    def _send(self, kind: int, exec_id: int, payload: bytes = b"") -> None:
         try:
-            sent = self._conn.send(self._outbox)
-        except BlockingIOError:
-            return
+            proto.send_frame(self._conn, self._send_lock, kind, exec_id, payload)
         except OSError as exc:
-            return self._lost(f"the exec server is gone ({exc})")
-        del self._outbox[:sent]
-        if not self._outbox and self._loop is not None:
-            self._loop.remove_writer(self._fd)
+            self.close()
+            raise ChannelLost(f"the exec server is gone ({exc})") from exc
 
-    def _on_readable(self) -> None:
+    def _read(self) -> None:
+        reason = "the exec server closed its end"
         try:
-            n = self._conn.recv_into(self._chunk)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            return self._lost(f"the exec channel broke: {exc}")
-        if not n:
-            return self._lost("the exec server closed its end")
-        read = time.monotonic()
-        inbox = self._inbox
-        inbox += self._chunk_view[:n]
-        head = proto.HEADER.size
-        while len(inbox) >= head:
-            kind, exec_id, size = proto.HEADER.unpack_from(inbox)
-            if size > proto.MAX_PAYLOAD + 4096:
-                return self._lost(f"the exec channel broke: a frame of {size} bytes")
-            if len(inbox) < head + size:
-                break
-            payload = bytes(inbox[head : head + size])
-            del inbox[: head + size]
-            pending = self._pending.get(exec_id)
-            if pending is None:
-                continue  # a cancelled command's late output
-            if kind == proto.STDOUT:
-                pending.stdout += payload
-            elif kind == proto.STDERR:
-                pending.stderr += payload
-            elif kind == proto.EXIT:
-                body = json.loads(payload)
-                code = int(body["code"])
-                server_read, started, exited, server_sent = body["t"]
-                pending.trace = ExecTrace(
-                    sent=pending.sent,
-                    server_read=server_read,
-                    started=started,
-                    exited=exited,
-                    server_sent=server_sent,
-                    read=read,
-                )
-                if not pending.future.done():
-                    pending.future.set_result(code)
+            while True:
+                frame = proto.recv_frame(self._conn)
+                if frame is None:
+                    break
+                kind, exec_id, payload = frame
+                with self._lock:
+                    pending = self._pending.get(exec_id)
+                if pending is None:
+                    continue  # a cancelled command's late output
+                if kind == proto.STDOUT:
+                    pending.stdout += payload
+                elif kind == proto.STDERR:
+                    pending.stderr += payload
+                elif kind == proto.EXIT:
+                    read = time.monotonic()
+                    body = json.loads(payload)
+                    code = int(body["code"])
+                    server_read, started, exited, server_sent = body["t"]
+                    pending.trace = ExecTrace(
+                        sent=pending.sent,
+                        server_read=server_read,
+                        started=started,
+                        exited=exited,
+                        server_sent=server_sent,
+                        read=read,
+                    )
+                    pending.loop.call_soon_threadsafe(_settle, pending.future, code, None)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            reason = f"the exec channel broke: {type(exc).__name__}: {exc}"
+        self._fail_all(reason)
 
-    def _lost(self, reason: str) -> None:
-        """The server is gone: every waiting command fails ``ChannelLost``."""
-        self._shut()
-        pending, self._pending = list(self._pending.values()), {}
+    def _fail_all(self, reason: str) -> None:
+        with self._lock:
+            self.closed = True
+            pending, self._pending = list(self._pending.values()), {}
         for p in pending:
-            if not p.future.done():
-                with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
-                    p.future.set_exception(ChannelLost(reason))
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                p.loop.call_soon_threadsafe(_settle, p.future, None, ChannelLost(reason))
 
-    def _shut(self) -> None:
-        self.closed = True
-        loop, self._loop = self._loop, None
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # a loop running on another thread
-                loop.remove_reader(self._fd)
-                loop.remove_writer(self._fd)
+    def close(self) -> None:
+        """Stop using the server (idempotent); commands still running fail ``ChannelLost``."""
+        with self._lock:
+            self.closed = True
         with contextlib.suppress(OSError):
             self._conn.shutdown(socket.SHUT_RDWR)
         self._conn.close()
 
-    def close(self) -> None:
-        """Stop using the server (idempotent); commands still running fail ``ChannelLost``."""
-        if not self.closed:
-            self._lost("the exec channel is closed")
 
-
-def _frame(kind: int, exec_id: int, payload: bytes = b"") -> bytes:
-    return proto.HEADER.pack(kind, exec_id, len(payload)) + payload
+def _settle(future: asyncio.Future, code: int | None, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(code)

@@ -16,16 +16,7 @@ command, stdin from ``/dev/null``, the result when the command's own process exi
 (output of processes it left behind, still writing, is not waited for), 126 when the
 command cannot start, 128 + N for a signal.
 
-One loop: a selector over the channel, every running command's output pipes and the
-SIGCHLD wakeup pipe, on one thread. A sandbox shares its CPU share with every other sandbox
-(under cgroup v1 all of docker's containers together weigh as much as one busy host
-process), so each thread that has to wake for a command is one more wait for a CPU; here a
-command wakes the loop for its frame and its exit, with no reaper thread, lock or selector
-per command. Only the spawn itself runs on a thread of its own (``spawn``, measured).
-
-Frames, both ways: ``HEADER`` (kind, exec id, payload length) then the payload. A command's
-output is held until it exits (or ``FLUSH_AT`` bytes are waiting) and goes with its
-``EXIT`` frame in one write.
+Frames, both ways: ``HEADER`` (kind, exec id, payload length) then the payload.
 """
 
 import json
@@ -35,11 +26,11 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 
 HEADER = struct.Struct(">BII")
 MAX_PAYLOAD = 1 << 20  # output goes in chunks of at most this; larger frames are refused
-FLUSH_AT = 1 << 16  # output held for a running command before it is sent on
 
 # host -> server
 HELLO = 0  # {"env": ["K=V", ...]}: the container's configured environment (docker's Config.Env)
@@ -48,17 +39,41 @@ KILL = 2  # kill the command's process tree (empty payload)
 # server -> host
 STDOUT = 3
 STDERR = 4
-EXIT = 5  # EXIT_BODY
-#: exit code, then CLOCK_MONOTONIC (shared by the host and its containers) when the server
-#: read the RUN frame, when the command had started, when it exited, when EXIT was sent
-EXIT_BODY = struct.Struct(">i4d")
+EXIT = 5  # {"code": int, "error": str | null, "t": [read, started, exited, sent]}
+# "t": CLOCK_MONOTONIC (shared by the host and its containers) when the server read the RUN
+# frame, when the command had started, when it exited, when EXIT was sent
 
 MARKER_KEY = "SLR_EXEC_ID"
 CANNOT_START = 126
 
 
-def frame(kind, exec_id, payload=b""):
-    return HEADER.pack(kind, exec_id, len(payload)) + payload
+def send_frame(sock, lock, kind, exec_id, payload=b""):
+    with lock:
+        sock.sendall(HEADER.pack(kind, exec_id, len(payload)) + payload)
+
+
+def recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_frame(sock):
+    """(kind, exec id, payload), or None at the end of the stream."""
+    head = recv_exact(sock, HEADER.size)
+    if head is None:
+        return None
+    kind, exec_id, size = HEADER.unpack(head)
+    if size > MAX_PAYLOAD + 4096:
+        raise ValueError(f"exec channel frame of {size} bytes (most {MAX_PAYLOAD})")
+    payload = recv_exact(sock, size) if size else b""
+    if payload is None:
+        return None
+    return kind, exec_id, payload
 
 
 def exit_code(status):
@@ -94,6 +109,44 @@ def kill_tree(pgid, marker):
             return
 
 
+class Reaper:
+    """PID 1's child reaper: collects every exited child (orphans included) and hands our
+    commands' statuses to whoever waits for them. A spawn registers under the same lock it
+    spawns under, so a status that arrives before the registration is never lost.
+
+    The kernel may deliver SIGCHLD to any thread, and Python runs its handler only on the
+    main thread, which sits in ``accept``; the C handler's wakeup fd is written at once
+    whichever thread took the signal, so the reaper waits on that instead."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self._waiting = {}
+        self._wake, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler: the wakeup fd needs one
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def watch(self, pid, deliver):
+        """Call under ``self.lock``, in the same hold as the spawn of ``pid``."""
+        self._waiting[pid] = deliver
+
+    def _loop(self):
+        while True:
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                with self.lock:
+                    deliver = self._waiting.pop(pid, None)
+                if deliver is not None:
+                    deliver(status)
+            os.read(self._wake, 512)  # until the next SIGCHLD
+
+
 def resolve_user(spec, default_home):
     """(uid, gid, groups, home) for docker's ``user`` syntax; None for the server's own user."""
     import grp
@@ -125,21 +178,72 @@ def resolve_user(spec, default_home):
     return uid, gid, groups, home or default_home
 
 
-def spawn(request, env, kwargs):
-    """Start a command's process from a thread of its own, and wait for it.
+class ExecServer:
+    def __init__(self, sock):
+        self.sock = sock
+        self.send_lock = threading.Lock()
+        self.reaper = Reaper()
+        self.base_env = dict(os.environ)
+        self.running = {}  # exec id -> (pgid, marker)
 
-    Measured (docker sandboxes on a loaded two-core machine, commands back to back): the
-    same ``Popen`` from the loop's own long-running thread took ~2x as long to come back as
-    from a fresh thread, as the scheduler placed the vfork parent behind the container's other
-    work; a thread that lives only for the spawn costs ~0.1 ms and gets the CPU sooner."""
-    import threading
-
-    box = []
-
-    def run():
+    def serve(self):
         try:
-            box.append(
-                subprocess.Popen(
+            while True:
+                frame = recv_frame(self.sock)
+                if frame is None:
+                    return
+                kind, exec_id, payload = frame
+                if kind == HELLO:
+                    env = json.loads(payload)["env"]
+                    base = dict(item.split("=", 1) for item in env if "=" in item)
+                    if "HOSTNAME" in os.environ:
+                        base.setdefault("HOSTNAME", os.environ["HOSTNAME"])
+                    self.base_env = base
+                elif kind == RUN:
+                    request = json.loads(payload)
+                    request["t_read"] = time.monotonic()
+                    threading.Thread(target=self._run, args=(exec_id, request), daemon=True).start()
+                elif kind == KILL:
+                    target = self.running.get(exec_id)
+                    if target is not None:
+                        kill_tree(*target)
+        except (OSError, ValueError):
+            return
+
+    def _send(self, kind, exec_id, payload=b""):
+        try:
+            send_frame(self.sock, self.send_lock, kind, exec_id, payload)
+        except OSError:
+            pass  # the host went away: nothing to tell
+
+    def _exit(self, exec_id, code, error=None, t=None):
+        if error:
+            self._send(STDERR, exec_id, (error + "\n").encode())
+        now = time.monotonic()
+        t = [now, now, now] if t is None else t
+        body = {"code": code, "error": error, "t": [*t, now]}
+        self._send(EXIT, exec_id, json.dumps(body).encode())
+
+    def _run(self, exec_id, request):
+        try:
+            user = resolve_user(request.get("user"), self.base_env.get("HOME", "/"))
+        except LookupError as exc:
+            return self._exit(exec_id, CANNOT_START, str(exc))
+        env = dict(self.base_env)
+        if user is not None and "HOME" not in self.base_env:
+            env["HOME"] = user[3]
+        elif "HOME" not in env:
+            env["HOME"] = os.environ.get("HOME", "/")
+        env.update(request.get("env") or {})
+        marker = request["marker"]
+        env[MARKER_KEY] = marker
+        done_r, done_w = os.pipe()
+        kwargs = {}
+        if user is not None:
+            kwargs = {"user": user[0], "group": user[1], "extra_groups": user[2]}
+        with self.reaper.lock:
+            try:
+                proc = subprocess.Popen(
                     request["argv"],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
@@ -149,270 +253,76 @@ def spawn(request, env, kwargs):
                     start_new_session=True,
                     **kwargs,
                 )
-            )
-        except Exception as exc:  # raised again on the loop's thread
-            box.append(exc)
+            except Exception as exc:  # any reason it cannot start is a 126
+                os.close(done_r)
+                os.close(done_w)
+                return self._exit(exec_id, CANNOT_START, "cannot start the command: " + str(exc))
+            started = time.monotonic()
+            status = []
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if isinstance(box[0], Exception):
-        raise box[0]
-    return box[0]
-
-
-class Command:
-    """One running command: its process, its two pipes' read ends, what they held so far."""
-
-    def __init__(self, exec_id, proc, marker, t_recv, t_started):
-        self.exec_id = exec_id
-        self.proc = proc
-        self.marker = marker
-        self.pipes = {proc.stdout.fileno(): STDOUT, proc.stderr.fileno(): STDERR}
-        # the pipes' own file objects close them, once (a bare close of the number would
-        # leave them to close it again, by then perhaps another command's pipe)
-        self.files = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
-        self.held = {STDOUT: bytearray(), STDERR: bytearray()}
-        self.t = [t_recv, t_started]
-
-
-class ExecServer:
-    """Build it on the main thread (it installs the SIGCHLD wakeup), ``serve`` on any."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.sock.setblocking(False)
-        self.base_env = dict(os.environ)
-        self.by_id = {}  # exec id -> Command
-        self.by_pid = {}  # pid -> Command
-        self.inbox = bytearray()
-        # one read buffer, reused: a fresh large one per read is an mmap and munmap each time
-        self.chunk = bytearray(1 << 16)
-        self.chunk_view = memoryview(self.chunk)
-        self.outbox = bytearray()
-        self.sel = selectors.DefaultSelector()
-        # SIGCHLD: Python runs handlers on the main thread only (the relay's accept loop);
-        # the C handler writes the wakeup pipe at once, whichever thread took the signal.
-        self._wake, wake_w = os.pipe()
-        os.set_blocking(self._wake, False)
-        os.set_blocking(wake_w, False)
-        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler: the wakeup fd needs one
-        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-
-    # -- the loop ------------------------------------------------------------------------
-
-    def serve(self):
-        """Serve until the host hangs up, then keep reaping (PID 1 collects every orphan,
-        the daemon's commands' included, for the rest of the container's life)."""
-        sock = self.sock
-        if sock is not None:
-            self.sel.register(sock, selectors.EVENT_READ, self._on_channel)
-        self.sel.register(self._wake, selectors.EVENT_READ, self._on_sigchld)
-        while True:
-            for key, events in self.sel.select():
+            def deliver(st):
+                status.append(st)
+                status.append(time.monotonic())
                 try:
-                    key.data(key.fd, events)
-                except Exception:  # the loop is every command's: it goes on
-                    if key.data == self._on_channel:
-                        self._hang_up()  # a broken channel, or a frame we cannot read
+                    os.write(done_w, b"x")
+                except OSError:
+                    pass  # the command's thread is gone already
 
-    def _hang_up(self):
-        if self.sock is None:
-            return
+            self.reaper.watch(proc.pid, deliver)
+            self.running[exec_id] = (proc.pid, marker)
         try:
-            self.sel.unregister(self.sock)
-        except (KeyError, ValueError):
-            pass
-        self.sock.close()
-        self.sock = None
-        del self.outbox[:]
+            self._pump(exec_id, proc, done_r)
+        finally:
+            self.running.pop(exec_id, None)
+            proc.returncode = exit_code(status[0]) if status else CANNOT_START
+            os.close(done_r)
+            os.close(done_w)
+        exited = status[1] if status else time.monotonic()
+        self._exit(exec_id, proc.returncode, None, [request["t_read"], started, exited])
 
-    def _on_channel(self, fd, events):
-        if events & selectors.EVENT_WRITE:
-            self._flush()
-        if not events & selectors.EVENT_READ or self.sock is None:
-            return
+    def _pump(self, exec_id, proc, done_r):
+        """Forward output until the command's own process exits, then what it left in the
+        pipes (what processes it left behind write later is not waited for, as docker)."""
+        streams = {proc.stdout: STDOUT, proc.stderr: STDERR}
+        sel = selectors.DefaultSelector()
+        for f in streams:
+            os.set_blocking(f.fileno(), False)
+            sel.register(f, selectors.EVENT_READ)
+        sel.register(done_r, selectors.EVENT_READ)
         try:
-            n = self.sock.recv_into(self.chunk)
-        except BlockingIOError:
-            return
-        if not n:
-            return self._hang_up()  # the host went away: nothing left to serve
-        self.inbox += self.chunk_view[:n]
-        while len(self.inbox) >= HEADER.size:
-            kind, exec_id, size = HEADER.unpack_from(self.inbox)
-            if size > MAX_PAYLOAD + 4096:
-                raise ValueError("exec channel frame of " + str(size) + " bytes")
-            if len(self.inbox) < HEADER.size + size:
-                break
-            payload = bytes(self.inbox[HEADER.size : HEADER.size + size])
-            del self.inbox[: HEADER.size + size]
-            if kind == HELLO:
-                env = json.loads(payload)["env"]
-                base = dict(item.split("=", 1) for item in env if "=" in item)
-                if "HOSTNAME" in os.environ:
-                    base.setdefault("HOSTNAME", os.environ["HOSTNAME"])
-                self.base_env = base
-            elif kind == RUN:
-                self._start(exec_id, json.loads(payload), time.monotonic())
-            elif kind == KILL:
-                command = self.by_id.get(exec_id)
-                if command is not None:
-                    kill_tree(command.proc.pid, command.marker)
+            exited = False
+            while not exited:
+                for key, _ in sel.select():
+                    if key.fileobj == done_r:
+                        exited = True
+                        continue
+                    if self._forward(key.fileobj, streams[key.fileobj], exec_id) is False:
+                        sel.unregister(key.fileobj)  # its end: every writer closed it
+            for f, kind in streams.items():
+                while self._forward(f, kind, exec_id):
+                    pass
+        finally:
+            sel.close()
+            for f in streams:
+                f.close()
 
-    def _on_sigchld(self, fd, events):
+    def _forward(self, f, kind, exec_id):
+        """Send one chunk of ``f``: True if sent, None if nothing is ready, False at its end."""
         try:
-            while os.read(self._wake, 512):
-                pass
-        except BlockingIOError:
-            pass
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return None
-            if pid == 0:
-                return None
-            command = self.by_pid.pop(pid, None)  # else an orphan: reaped, nothing to tell
-            if command is not None:
-                self._finish(command, status)
-
-    def _on_output(self, fd, events, command, kind):
-        if fd not in command.pipes:
-            return None  # closed earlier in this round (and its number perhaps reused)
-        try:
-            data = os.read(fd, 1 << 16)
+            data = os.read(f.fileno(), MAX_PAYLOAD)
         except BlockingIOError:
             return None
-        except OSError:
-            data = b""
-        if not data:  # every writer closed it
-            self._close_pipe(command, fd)
-            return None
-        self._hold(command, kind, data)
-        return None
-
-    # -- commands ------------------------------------------------------------------------
-
-    def _start(self, exec_id, request, t_recv):
-        try:
-            user = resolve_user(request.get("user"), self.base_env.get("HOME", "/"))
-        except LookupError as exc:
-            return self._refuse(exec_id, str(exc), t_recv)
-        env = dict(self.base_env)
-        if user is not None and "HOME" not in self.base_env:
-            env["HOME"] = user[3]
-        elif "HOME" not in env:
-            env["HOME"] = os.environ.get("HOME", "/")
-        env.update(request.get("env") or {})
-        marker = request["marker"]
-        env[MARKER_KEY] = marker
-        kwargs = {}
-        if user is not None:
-            kwargs = {"user": user[0], "group": user[1], "extra_groups": user[2]}
-        try:
-            proc = spawn(request, env, kwargs)
-        except Exception as exc:  # any reason it cannot start is a 126
-            return self._refuse(exec_id, "cannot start the command: " + str(exc), t_recv)
-        command = Command(exec_id, proc, marker, t_recv, time.monotonic())
-        self.by_id[exec_id] = command
-        self.by_pid[proc.pid] = command
-        for fd, kind in command.pipes.items():
-            os.set_blocking(fd, False)
-            self.sel.register(fd, selectors.EVENT_READ, self._output_handler(command, kind))
-        return None
-
-    def _output_handler(self, command, kind):
-        return lambda fd, events: self._on_output(fd, events, command, kind)
-
-    def _hold(self, command, kind, data):
-        held = command.held[kind]
-        held += data
-        if len(held) >= FLUSH_AT:
-            self._send(frame(kind, command.exec_id, bytes(held)))
-            del held[:]
-
-    def _close_pipe(self, command, fd):
-        if command.pipes.pop(fd, None) is None:
-            return
-        try:
-            self.sel.unregister(fd)
-        except (KeyError, ValueError):
-            pass
-        command.files.pop(fd).close()
-
-    def _finish(self, command, status):
-        """The command's own process exited: what its pipes hold now goes with its EXIT
-        (what processes it left behind write later is not waited for, as docker)."""
-        command.t.append(time.monotonic())
-        for fd, kind in list(command.pipes.items()):
-            while True:
-                try:
-                    data = os.read(fd, 1 << 16)
-                except (BlockingIOError, OSError):
-                    break
-                if not data:
-                    break
-                self._hold(command, kind, data)
-            self._close_pipe(command, fd)
-        code = exit_code(status)
-        command.proc.returncode = code  # reaped here, so Popen never waits for it
-        self.by_id.pop(command.exec_id, None)
-        out = bytearray()
-        for kind in (STDOUT, STDERR):
-            if command.held[kind]:
-                out += frame(kind, command.exec_id, bytes(command.held[kind]))
-        t = [*command.t, time.monotonic()]
-        out += frame(EXIT, command.exec_id, EXIT_BODY.pack(code, *t))
-        self._send(bytes(out))
-
-    def _refuse(self, exec_id, error, t_recv):
-        now = time.monotonic()
-        body = EXIT_BODY.pack(CANNOT_START, t_recv, now, now, now)
-        self._send(frame(STDERR, exec_id, (error + "\n").encode()) + frame(EXIT, exec_id, body))
-
-    # -- sending -------------------------------------------------------------------------
-
-    def _send(self, data):
-        """Write now what the socket takes, the rest when it can take more; the loop keeps
-        reading meanwhile (a KILL must get through while output waits)."""
-        if self.sock is None:
-            return  # the host went away: nothing to tell
-        if self.outbox:
-            self.outbox += data
-            return
-        try:
-            sent = self.sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            return self._hang_up()  # the host went away: nothing to tell
-        if sent < len(data):
-            self.outbox += data[sent:]
-            self.sel.modify(
-                self.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, self._on_channel
-            )
-
-    def _flush(self):
-        if self.sock is None:
-            return
-        try:
-            sent = self.sock.send(self.outbox)
-        except BlockingIOError:
-            return
-        except OSError:
-            return self._hang_up()
-        del self.outbox[:sent]
-        if not self.outbox:
-            self.sel.modify(self.sock, selectors.EVENT_READ, self._on_channel)
+        except (ValueError, OSError):
+            return False
+        if not data:
+            return False
+        self._send(kind, exec_id, data)
+        return True
 
 
 def start(path):
     """Dial the host's exec socket and serve it on a thread; False if it cannot be reached
-    (the host then runs commands through the daemon). Only root can run commands as any user.
-    Call on the main thread (see ``ExecServer``)."""
-    import threading
-
+    (the host then runs commands through the daemon). Only root can run commands as any user."""
     if os.geteuid() != 0:
         return False
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -422,8 +332,4 @@ def start(path):
         sock.close()
         return False
     threading.Thread(target=ExecServer(sock).serve, daemon=True).start()
-    # SIGCHLD to the server's thread only: else the kernel may wake the main thread (the
-    # relay, in accept) for each command's end, one more wait for a CPU. Threads started
-    # later inherit the mask; the server's thread, started above, does not.
-    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
     return True
