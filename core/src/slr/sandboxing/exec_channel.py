@@ -199,15 +199,7 @@ class ExecChannel:
                     read = time.monotonic()
                     body = json.loads(payload)
                     code = int(body["code"])
-                    server_read, started, exited, server_sent = body["t"]
-                    pending.trace = ExecTrace(
-                        sent=pending.sent,
-                        server_read=server_read,
-                        started=started,
-                        exited=exited,
-                        server_sent=server_sent,
-                        read=read,
-                    )
+                    pending.trace = _trace(pending.sent, body.get("t"), read)
                     pending.loop.call_soon_threadsafe(_settle, pending.future, code, None)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             reason = f"the exec channel broke: {type(exc).__name__}: {exc}"
@@ -228,6 +220,21 @@ class ExecChannel:
         with contextlib.suppress(OSError):
             self._conn.shutdown(socket.SHUT_RDWR)
         self._conn.close()
+
+
+def _trace(sent: float, server: list[float] | None, read: float) -> ExecTrace | None:
+    """The command's ``ExecTrace``; None from a server that sends no timestamps."""
+    if not server or len(server) != 4:
+        return None
+    server_read, started, exited, server_sent = server
+    return ExecTrace(
+        sent=sent,
+        server_read=server_read,
+        started=started,
+        exited=exited,
+        server_sent=server_sent,
+        read=read,
+    )
 
 
 def _settle(future: asyncio.Future, code: int | None, error: BaseException | None) -> None:
