@@ -64,6 +64,7 @@ def _p(values: list[float], q: float) -> float:
 #: The commit whose exec path ``--before`` runs beside this one's by default: main before
 #: the exec trace (and before the one-loop design that was measured slower and not kept).
 BEFORE_REF = "4955d57"
+EXEC_TIMEOUT_S = 120.0  # a command lost on the way fails the level instead of stalling it
 SEGMENTS = (
     ("to server", "sent", "server_read"),
     ("spawn", "server_read", "started"),
@@ -125,9 +126,10 @@ async def _docker_level(n: int, execs: int, think_s: float, seed: int, daemon: b
                         await asyncio.sleep(offset)
                     for _ in range(execs):
                         t = time.perf_counter()
-                        res = await sb.exec("true")
+                        res = await sb.exec("true", timeout_s=EXEC_TIMEOUT_S)
                         out.append(time.perf_counter() - t)
-                        assert res.ok, res
+                        if not res.ok:
+                            raise RuntimeError(f"a command failed or was lost: {res}")
                         if pause:
                             await asyncio.sleep(pause)
                     return out
