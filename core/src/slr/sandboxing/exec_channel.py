@@ -19,6 +19,7 @@ import itertools
 import json
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -37,12 +38,27 @@ class ChannelLost(Exception):
     """The exec server stopped answering (its PID 1, and so its sandbox, ended or broke)."""
 
 
+@attrs.frozen
+class ExecTrace:
+    """Where one command's time went (``time.monotonic``, which the host and its containers
+    share): the host sent its frame, the server read it, the command had started, it exited,
+    the server sent the result, the host's reader read it."""
+
+    sent: float
+    server_read: float
+    started: float
+    exited: float
+    server_sent: float
+    read: float
+
+
 @attrs.define
 class ExecOutput:
     exit_code: int
     stdout: bytes
     stderr: bytes
     timed_out: bool
+    trace: ExecTrace | None = None
 
 
 class ExecListener:
@@ -84,6 +100,8 @@ class _Pending:
     future: asyncio.Future
     stdout: bytearray = attrs.field(factory=bytearray)
     stderr: bytearray = attrs.field(factory=bytearray)
+    sent: float = 0.0
+    trace: ExecTrace | None = None
 
 
 class ExecChannel:
@@ -124,6 +142,7 @@ class ExecChannel:
             self._pending[exec_id] = pending
         request = {"argv": list(argv), "user": user, "cwd": cwd, "env": dict(env or {})}
         request["marker"] = marker
+        pending.sent = time.monotonic()
         try:
             self._send(proto.RUN, exec_id, json.dumps(request).encode())
             timed_out = False
@@ -150,6 +169,7 @@ class ExecChannel:
             stdout=bytes(pending.stdout),
             stderr=bytes(pending.stderr),
             timed_out=timed_out,
+            trace=pending.trace,
         )
 
     def _send(self, kind: int, exec_id: int, payload: bytes = b"") -> None:
@@ -176,7 +196,10 @@ class ExecChannel:
                 elif kind == proto.STDERR:
                     pending.stderr += payload
                 elif kind == proto.EXIT:
-                    code = int(json.loads(payload)["code"])
+                    read = time.monotonic()
+                    body = json.loads(payload)
+                    code = int(body["code"])
+                    pending.trace = _trace(pending.sent, body.get("t"), read)
                     pending.loop.call_soon_threadsafe(_settle, pending.future, code, None)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             reason = f"the exec channel broke: {type(exc).__name__}: {exc}"
@@ -197,6 +220,21 @@ class ExecChannel:
         with contextlib.suppress(OSError):
             self._conn.shutdown(socket.SHUT_RDWR)
         self._conn.close()
+
+
+def _trace(sent: float, server: list[float] | None, read: float) -> ExecTrace | None:
+    """The command's ``ExecTrace``; None from a server that sends no timestamps."""
+    if not server or len(server) != 4:
+        return None
+    server_read, started, exited, server_sent = server
+    return ExecTrace(
+        sent=sent,
+        server_read=server_read,
+        started=started,
+        exited=exited,
+        server_sent=server_sent,
+        read=read,
+    )
 
 
 def _settle(future: asyncio.Future, code: int | None, error: BaseException | None) -> None:

@@ -27,6 +27,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 
 HEADER = struct.Struct(">BII")
 MAX_PAYLOAD = 1 << 20  # output goes in chunks of at most this; larger frames are refused
@@ -38,7 +39,9 @@ KILL = 2  # kill the command's process tree (empty payload)
 # server -> host
 STDOUT = 3
 STDERR = 4
-EXIT = 5  # {"code": int, "error": str | null}
+EXIT = 5  # {"code": int, "error": str | null, "t": [read, started, exited, sent]}
+# "t": CLOCK_MONOTONIC (shared by the host and its containers) when the server read the RUN
+# frame, when the command had started, when it exited, when EXIT was sent
 
 MARKER_KEY = "SLR_EXEC_ID"
 CANNOT_START = 126
@@ -198,6 +201,7 @@ class ExecServer:
                     self.base_env = base
                 elif kind == RUN:
                     request = json.loads(payload)
+                    request["t_read"] = time.monotonic()
                     threading.Thread(target=self._run, args=(exec_id, request), daemon=True).start()
                 elif kind == KILL:
                     target = self.running.get(exec_id)
@@ -212,10 +216,13 @@ class ExecServer:
         except OSError:
             pass  # the host went away: nothing to tell
 
-    def _exit(self, exec_id, code, error=None):
+    def _exit(self, exec_id, code, error=None, t=None):
         if error:
             self._send(STDERR, exec_id, (error + "\n").encode())
-        self._send(EXIT, exec_id, json.dumps({"code": code, "error": error}).encode())
+        now = time.monotonic()
+        t = [now, now, now] if t is None else t
+        body = {"code": code, "error": error, "t": [*t, now]}
+        self._send(EXIT, exec_id, json.dumps(body).encode())
 
     def _run(self, exec_id, request):
         try:
@@ -246,14 +253,16 @@ class ExecServer:
                     start_new_session=True,
                     **kwargs,
                 )
-            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            except Exception as exc:  # any reason it cannot start is a 126
                 os.close(done_r)
                 os.close(done_w)
                 return self._exit(exec_id, CANNOT_START, "cannot start the command: " + str(exc))
+            started = time.monotonic()
             status = []
 
             def deliver(st):
                 status.append(st)
+                status.append(time.monotonic())
                 try:
                     os.write(done_w, b"x")
                 except OSError:
@@ -268,7 +277,8 @@ class ExecServer:
             proc.returncode = exit_code(status[0]) if status else CANNOT_START
             os.close(done_r)
             os.close(done_w)
-        self._exit(exec_id, proc.returncode)
+        exited = status[1] if status else time.monotonic()
+        self._exit(exec_id, proc.returncode, None, [request["t_read"], started, exited])
 
     def _pump(self, exec_id, proc, done_r):
         """Forward output until the command's own process exits, then what it left in the
