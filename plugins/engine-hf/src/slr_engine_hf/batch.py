@@ -3,11 +3,14 @@
 The cache the decode steps run on grows in place (``GrowingLayer``): a step writes each
 row's new key and value into a free slot instead of copying the whole cache to append them.
 Sequences join and leave at any step. Joining prefills the newcomer alone (no padding in
-its forward pass) and then pads either it or the batch on the left so the caches line up;
+its forward pass) and then pads either it or the batch on the left so the caches line up,
+inserting it where the rows stay ordered longest first;
 leaving drops its row and trims columns that only padding still uses. Between those
 events every step feeds one token per row through one forward pass, with per-row
 position ids and an attention mask that hides the padding, so a row computes exactly what
-it would compute alone (up to float summation order).
+it would compute alone (up to float summation order). The step's attention
+(``slr_engine_hf.attention``) reads the cache in place and attends each bucket of rows of
+similar length only over the columns its longest row uses.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from slr_engine_hf.attention import PLAN_KWARG, DecodePlan
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -94,7 +99,7 @@ def make_decode_cache(kv: KV) -> DynamicCache:
 
 
 def _forward(
-    model: PreTrainedModel, cache: DynamicCache, routing_k: int, **inputs: torch.Tensor
+    model: PreTrainedModel, cache: DynamicCache, routing_k: int, **inputs: Any
 ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor | None]:
     """One forward pass with a cache: (logits, cache, routing). ``routing`` is None unless
     ``routing_k`` > 0: then the top-``routing_k`` expert ids of every MoE layer for every
@@ -140,7 +145,7 @@ def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class Batch:
-    """KV tensors and the padding mask of the active rows (row order = ``len`` order)."""
+    """KV tensors, padding mask and lengths of the active rows, longest first."""
 
     def __init__(self) -> None:
         self._kv: KV | None = None
@@ -148,6 +153,7 @@ class Batch:
         # rebuilding it every step would copy the whole cache once more per step.
         self._cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [B, L] long, 0 = padding
+        self.lengths: list[int] = []  # per row: real (unpadded) tokens in the cache
 
     @property
     def kv(self) -> KV | None:
@@ -167,30 +173,36 @@ class Batch:
     def width(self) -> int:
         return 0 if self.mask is None else int(self.mask.shape[1])
 
-    def add(self, kv: KV) -> None:
-        """Append one sequence (batch dim 1, no padding) as the last row."""
+    def add(self, kv: KV) -> int:
+        """Insert one sequence (batch dim 1, no padding); returns its row.
+
+        Rows stay ordered longest first (ties: the earlier one first). Every row grows by
+        one token a step, so the order holds between joins, and rows of similar length sit
+        together: the decode step's attention buckets (``attention.DecodePlan``) are
+        contiguous row ranges, so a short row is never bucketed with a long one for want
+        of a neighbour."""
         n = kv[0][0].shape[2]
+        row = next((i for i, m in enumerate(self.lengths) if m < n), len(self.lengths))
+        self.lengths.insert(row, n)
         row_mask = torch.ones((1, n), dtype=torch.long, device=kv[0][0].device)
         if self.kv is None:
             self.kv, self.mask = list(kv), row_mask
-            return
+            return row
         assert self.mask is not None
         width = max(self.width, n)
         grow, pad_new = width - self.width, width - n
+
+        def insert(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            old, new = _pad_left(old, grow), _pad_left(new, pad_new)
+            return torch.cat([old[:row], new, old[row:]], dim=0)
+
         self.kv = [
-            (
-                torch.cat([_pad_left(k, grow), _pad_left(nk, pad_new)], dim=0),
-                torch.cat([_pad_left(v, grow), _pad_left(nv, pad_new)], dim=0),
-            )
-            for (k, v), (nk, nv) in zip(self.kv, kv, strict=True)
+            (insert(k, nk), insert(v, nv)) for (k, v), (nk, nv) in zip(self.kv, kv, strict=True)
         ]
-        self.mask = torch.cat(
-            [
-                torch.nn.functional.pad(self.mask, (grow, 0)),
-                torch.nn.functional.pad(row_mask, (pad_new, 0)),
-            ],
-            dim=0,
-        )
+        mask = torch.nn.functional.pad(self.mask, (grow, 0))
+        new_mask = torch.nn.functional.pad(row_mask, (pad_new, 0))
+        self.mask = torch.cat([mask[:row], new_mask, mask[row:]], dim=0)
+        return row
 
     def row_kv(self, row: int, length: int) -> KV:
         """The last ``length`` cache entries of one row (its real tokens), copied."""
@@ -203,6 +215,7 @@ class Batch:
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (in that order); drop columns that are padding everywhere."""
+        self.lengths = [self.lengths[r] for r in rows]
         if not rows:
             self.kv, self.mask = None, None
             return
@@ -232,6 +245,8 @@ class Batch:
         input_ids = torch.tensor([[t] for t in next_tokens], dtype=torch.long, device=device)
         position_ids = torch.tensor([[p] for p in positions], dtype=torch.long, device=device)
         mask = torch.cat([self.mask, self.mask.new_ones((self.size, 1))], dim=1)
+        self.lengths = [n + 1 for n in self.lengths]
+        plan = DecodePlan.for_lengths(self.lengths, self.width + 1)
         if self._cache is None:
             assert self._kv is not None
             self._cache = make_decode_cache(self._kv)
@@ -244,6 +259,7 @@ class Batch:
             attention_mask=mask,
             position_ids=position_ids,
             cache_position=torch.tensor([self.width], dtype=torch.long, device=device),
+            **{PLAN_KWARG: plan},
         )
         self._cache, self.mask = cache, mask
         return logits[:, -1].float(), routing
