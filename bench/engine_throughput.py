@@ -29,6 +29,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 
 import torch
@@ -131,6 +132,69 @@ async def engine_round(
     return tokens / elapsed, tokens
 
 
+def steady_decode(engine: HfEngine, levels: list[int], low: int, high: int, steps: int):
+    """Decode steps alone (no prefill, no sampling): per level, the time of one step of that
+    many rows of lengths spread over [low, high], on each attention, interleaved with one
+    row of the median length. The keys and values are random: what a step costs does not
+    depend on their values, and no prompt has to be prefilled to fill them."""
+    from slr_engine_hf.batch import Batch
+
+    model = engine.model
+    cfg = model.config.get_text_config()
+    kv_heads = cfg.num_key_value_heads
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    generator = torch.Generator().manual_seed(0)
+
+    def batch_of(lengths: list[int]) -> Batch:
+        batch = Batch()
+        for n in lengths:
+            batch.add(
+                [
+                    (
+                        torch.randn(1, kv_heads, n, dim, generator=generator),
+                        torch.randn(1, kv_heads, n, dim, generator=generator),
+                    )
+                    for _ in range(cfg.num_hidden_layers)
+                ]
+            )
+        return batch
+
+    def step_time(lengths: list[int], attention: str) -> float:
+        model.set_attn_implementation(attention)
+        batch = batch_of(lengths)
+        positions = sorted(lengths, reverse=True)
+        times = []
+        for i in range(steps + 1):  # the first step builds the decode cache: not counted
+            start = time.perf_counter()
+            batch.step(model, [5] * len(lengths), [p + i for p in positions])
+            times.append(time.perf_counter() - start)
+        model.set_attn_implementation(DECODE_ATTENTION)
+        return statistics.median(times[1:])
+
+    rows = []
+    for c in levels:
+        lengths = [low + (high - low) * i // max(c - 1, 1) for i in range(c)]
+        random.Random(c).shuffle(lengths)
+        median = sorted(lengths)[len(lengths) // 2]
+        single = step_time([median], DECODE_ATTENTION)
+        for name, attention in [("slr_decode", DECODE_ATTENTION), ("sdpa (before)", "sdpa")]:
+            t = step_time(lengths, attention)
+            padding = 1 - sum(lengths) / (c * max(lengths))
+            rows.append(
+                {
+                    "concurrency": c,
+                    "attention": name,
+                    "step_s": t,
+                    "single_row_step_s": single,
+                    "padding": padding,
+                    "ratio_to_single_stream": c * single / t,
+                    "load": os.getloadavg()[0],
+                }
+            )
+            print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -158,7 +222,37 @@ def main() -> None:
         help="also run every engine round on transformers' own DynamicCache (which copies the "
         "whole batch's cache to append each step's token: before), interleaved",
     )
+    parser.add_argument(
+        "--steady",
+        default=None,
+        help="MIN:MAX tokens: time decode steps alone on rows of unequal lengths "
+        "(random KV, no prefill) on both attentions, instead of whole rounds",
+    )
+    parser.add_argument("--steps", type=int, default=3, help="decode steps per --steady run")
     args = parser.parse_args()
+    if args.steady:
+        low, high = (int(x) for x in args.steady.split(":"))
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        engine = HfEngine(HfEngineConfig(model=args.model, threads=args.threads))
+        levels = [int(x) for x in args.concurrency.split(",") if int(x) > 1]
+        rows = steady_decode(engine, levels, low, high, args.steps)
+        asyncio.run(engine.close())
+        print(
+            f"decode steps alone, rows of {low}-{high} tokens, median of {args.steps} steps, "
+            f"torch threads {torch.get_num_threads()}"
+        )
+        print("rows  attention      padding  step s  1 row step s  ratio  load")
+        for r in rows:
+            print(
+                f"{r['concurrency']:>4}  {r['attention']:<13}  {r['padding']:>6.0%}  "
+                f"{r['step_s']:>6.2f}  {r['single_row_step_s']:>12.3f}  "
+                f"{r['ratio_to_single_stream']:>5.2f}  {r['load']:>4.1f}"
+            )
+        if args.json_path:
+            with open(args.json_path, "w") as f:
+                json.dump({"steady": [low, high], "rounds": rows}, f, indent=2)
+        return
 
     levels = [int(x) for x in args.concurrency.split(",")]
     contexts = [int(x) for x in args.contexts.split(":")] if args.contexts else None
@@ -218,6 +312,12 @@ def main() -> None:
                 engine.model.set_attn_implementation(attention)
                 rate, tokens = asyncio.run(engine_round(engine, batch_of(c), args.max_tokens))
                 rates[name].append(rate)
+                print(
+                    f"  {c} sessions, {name}: {rate:.1f} tokens/s "
+                    f"(single stream {pair_bases[-1]:.1f}, load {os.getloadavg()[0]:.1f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             batch_module.make_decode_cache = in_place
             engine.model.set_attn_implementation(DECODE_ATTENTION)
         base_c = statistics.median(pair_bases)
