@@ -3,11 +3,15 @@
 The cache the decode steps run on grows in place (``GrowingLayer``): a step writes each
 row's new key and value into a free slot instead of copying the whole cache to append them.
 Sequences join and leave at any step. Joining prefills the newcomer alone (no padding in
-its forward pass) and then pads either it or the batch on the left so the caches line up;
+its forward pass) and then pads either it or the batch on the left so the caches line up,
+inserting it where the rows stay ordered longest first (sessions that join together cost one
+rebuild of the batch, not one each);
 leaving drops its row and trims columns that only padding still uses. Between those
 events every step feeds one token per row through one forward pass, with per-row
 position ids and an attention mask that hides the padding, so a row computes exactly what
-it would compute alone (up to float summation order).
+it would compute alone (up to float summation order). The step's attention
+(``slr_engine_hf.attention``) reads the cache in place and attends each bucket of rows of
+similar length only over the columns its longest row uses.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from slr_engine_hf.attention import PLAN_KWARG, DecodePlan
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -94,7 +100,7 @@ def make_decode_cache(kv: KV) -> DynamicCache:
 
 
 def _forward(
-    model: PreTrainedModel, cache: DynamicCache, routing_k: int, **inputs: torch.Tensor
+    model: PreTrainedModel, cache: DynamicCache, routing_k: int, **inputs: Any
 ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor | None]:
     """One forward pass with a cache: (logits, cache, routing). ``routing`` is None unless
     ``routing_k`` > 0: then the top-``routing_k`` expert ids of every MoE layer for every
@@ -140,17 +146,23 @@ def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class Batch:
-    """KV tensors and the padding mask of the active rows (row order = ``len`` order)."""
+    """KV tensors, padding mask and lengths of the active rows, longest first."""
 
     def __init__(self) -> None:
         self._kv: KV | None = None
         # Between composition changes the model appends to one DynamicCache in place;
         # rebuilding it every step would copy the whole cache once more per step.
         self._cache: DynamicCache | None = None
-        self.mask: torch.Tensor | None = None  # [B, L] long, 0 = padding
+        self._mask: torch.Tensor | None = None  # [B, L] long, 0 = padding
+        self.lengths: list[int] = []  # per row: real (unpadded) tokens in the cache
+        # Rows joined since the tensors were last built, in row order: an int is a row of
+        # the built tensors, a KV a joining sequence. Sessions that arrive together join
+        # with one copy of the batch, not one copy each (``_merge``).
+        self._joining: list[int | KV] | None = None
 
     @property
     def kv(self) -> KV | None:
+        self._merge()
         if self._cache is not None:
             self._kv, self._cache = cache_tensors(self._cache), None
         return self._kv
@@ -160,40 +172,72 @@ class Batch:
         self._kv, self._cache = value, None
 
     @property
+    def mask(self) -> torch.Tensor | None:
+        self._merge()
+        return self._mask
+
+    @mask.setter
+    def mask(self, value: torch.Tensor | None) -> None:
+        self._mask = value
+
+    @property
     def size(self) -> int:
-        return 0 if self.mask is None else int(self.mask.shape[0])
+        return len(self.lengths)
 
     @property
     def width(self) -> int:
-        return 0 if self.mask is None else int(self.mask.shape[1])
+        # every row is left-padded to the longest one, and columns only padding uses go
+        return max(self.lengths, default=0)
 
-    def add(self, kv: KV) -> None:
-        """Append one sequence (batch dim 1, no padding) as the last row."""
+    def add(self, kv: KV) -> int:
+        """Insert one sequence (batch dim 1, no padding); returns its row.
+
+        Rows stay ordered longest first (ties: the earlier one first). Every row grows by
+        one token a step, so the order holds between joins, and rows of similar length sit
+        together: the decode step's attention buckets (``attention.DecodePlan``) are
+        contiguous row ranges, so a short row is never bucketed with a long one for want
+        of a neighbour. The tensors are rebuilt once, when next used."""
         n = kv[0][0].shape[2]
-        row_mask = torch.ones((1, n), dtype=torch.long, device=kv[0][0].device)
-        if self.kv is None:
-            self.kv, self.mask = list(kv), row_mask
+        row = next((i for i, m in enumerate(self.lengths) if m < n), len(self.lengths))
+        if self._joining is None:
+            self._joining = list(range(len(self.lengths)))
+        self._joining.insert(row, list(kv))
+        self.lengths.insert(row, n)
+        return row
+
+    def _merge(self) -> None:
+        """Build the batch's tensors with the rows that joined: one copy of every row."""
+        parts, self._joining = self._joining, None
+        if parts is None:
             return
-        assert self.mask is not None
-        width = max(self.width, n)
-        grow, pad_new = width - self.width, width - n
-        self.kv = [
-            (
-                torch.cat([_pad_left(k, grow), _pad_left(nk, pad_new)], dim=0),
-                torch.cat([_pad_left(v, grow), _pad_left(nv, pad_new)], dim=0),
-            )
-            for (k, v), (nk, nv) in zip(self.kv, kv, strict=True)
-        ]
-        self.mask = torch.cat(
-            [
-                torch.nn.functional.pad(self.mask, (grow, 0)),
-                torch.nn.functional.pad(row_mask, (pad_new, 0)),
-            ],
-            dim=0,
-        )
+        old = cache_tensors(self._cache) if self._cache is not None else self._kv
+        old_width = 0 if self._mask is None else int(self._mask.shape[1])
+        width = self.width
+        joined = next(p for p in parts if not isinstance(p, int))  # shapes and device
+        merged: KV = []
+        for layer in range(len(joined)):
+            pair = []
+            for which in (0, 1):
+                like = joined[layer][which]
+                out = like.new_zeros((len(parts), like.shape[1], width, like.shape[3]))
+                for i, part in enumerate(parts):
+                    if isinstance(part, int):
+                        assert old is not None
+                        out[i, :, width - old_width :] = old[layer][which][part]
+                    else:
+                        t = part[layer][which]
+                        out[i, :, width - t.shape[2] :] = t[0]
+                pair.append(out)
+            merged.append((pair[0], pair[1]))
+        device = joined[0][0].device
+        columns = torch.arange(width, device=device)
+        starts = torch.tensor([width - n for n in self.lengths], device=device)
+        self._kv, self._cache = merged, None
+        self._mask = (columns.unsqueeze(0) >= starts.unsqueeze(1)).long()
 
     def row_kv(self, row: int, length: int) -> KV:
         """The last ``length`` cache entries of one row (its real tokens), copied."""
+        self._merge()
         tensors = cache_tensors(self._cache) if self._cache is not None else self._kv
         assert tensors is not None
         return [
@@ -203,6 +247,8 @@ class Batch:
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (in that order); drop columns that are padding everywhere."""
+        self._merge()
+        self.lengths = [self.lengths[r] for r in rows]
         if not rows:
             self.kv, self.mask = None, None
             return
@@ -227,11 +273,15 @@ class Batch:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed one token per row; returns the next-token logits [B, vocab] (fp32) and,
         with ``routing_k``, each row's expert ids [B, layers, k]."""
+        self._merge()
         assert self.mask is not None and (self._kv is not None or self._cache is not None)
         device = self.mask.device
         input_ids = torch.tensor([[t] for t in next_tokens], dtype=torch.long, device=device)
         position_ids = torch.tensor([[p] for p in positions], dtype=torch.long, device=device)
+        width = self.width  # the cache's columns before this step's token
         mask = torch.cat([self.mask, self.mask.new_ones((self.size, 1))], dim=1)
+        self.lengths = [n + 1 for n in self.lengths]
+        plan = DecodePlan.for_lengths(self.lengths, width + 1)
         if self._cache is None:
             assert self._kv is not None
             self._cache = make_decode_cache(self._kv)
@@ -243,7 +293,8 @@ class Batch:
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=position_ids,
-            cache_position=torch.tensor([self.width], dtype=torch.long, device=device),
+            cache_position=torch.tensor([width], dtype=torch.long, device=device),
+            **{PLAN_KWARG: plan},
         )
         self._cache, self.mask = cache, mask
         return logits[:, -1].float(), routing

@@ -22,6 +22,7 @@ from slr.contracts import (
 )
 from slr.contracts.engine import check_update_mode
 from slr.lora import is_adapter_folder, load_weights, read_adapter
+from slr_engine_hf.attention import use_decode_attention
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.models import resolve
 from slr_engine_hf.scheduler import Request, Scheduler
@@ -80,6 +81,9 @@ class HfEngine:
 
     def _setup(self, model: Any, tokenizer: Any, config: HfEngineConfig, *, source: str) -> None:
         model.eval()
+        # decode steps attend over the batch's cache in place (prefill and any trainer
+        # sharing this model keep transformers' sdpa exactly)
+        use_decode_attention(model)
         self.config = config
         self.model = model
         self._tokenizer = tokenizer

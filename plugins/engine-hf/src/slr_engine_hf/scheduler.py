@@ -252,10 +252,11 @@ class Scheduler(threading.Thread):
         along; routing recorded for those tokens stays that of the pass that first ran them.
         """
         batch = Batch()
+        rows: list[Request] = []  # in the batch's row order
         try:
             for request in self._rows:
                 _, kv, _ = prefill(self.model, [*request.prompt, *request.tokens[:-1]], None, 0)
-                batch.add(kv)
+                rows.insert(batch.add(kv), request)
         except Exception as exc:
             for r in self._rows:
                 if not r.future.done():
@@ -264,6 +265,8 @@ class Scheduler(threading.Thread):
                 self._rows = []
             self._batch = Batch()
             return
+        with self._cond:
+            self._rows = rows
         self._batch = batch
         self.resumed += len(self._rows)
 
@@ -300,12 +303,12 @@ class Scheduler(threading.Thread):
         except BaseException as exc:
             request.future.set_exception(exc)
             return
-        self._batch.add(kv)
+        row = self._batch.add(kv)
         with self._cond:
-            self._rows.append(request)
+            self._rows.insert(row, request)
         reason = self._record(request, token[0], lp[0])
         if reason is not None:
-            self._retire({len(self._rows) - 1: reason})
+            self._retire({row: reason})
         else:
             self._emit(request)
 
