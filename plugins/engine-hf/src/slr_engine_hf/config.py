@@ -30,7 +30,11 @@ class HfEngineConfig:
         validator=validators.ge(0),
     )
     max_batch: int = option(
-        16, doc="Most sequences decoded together in one step.", validator=validators.ge(1)
+        32,
+        doc="Most sequences decoded together in one step (more sessions wait for a free row; "
+        "the decode attention's length buckets keep a step at 32 rows of unequal contexts "
+        "near 6x one row's cost on CPU, docs/engines.md).",
+        validator=validators.ge(1),
     )
     prefix_cache_tokens: int = option(
         16384,
