@@ -443,11 +443,11 @@ class ScaffoldAdapterTests(AgentAdapterTests):
     # allowance: the scaffold's start-up to its first model call, plus a margin. A scaffold
     # slower to start sets them in its own test class; its hello run measures that
     # start-up (``AgentRun.first_call_s``, named in the failure message).
-    hang_timeout_s: float = 10.0
+    hang_timeout_s: float = 15.0
     # Scaffolds may retry a refused call for minutes (Claude Code does, with back-off);
     # this scenario checks that the adapter reports rather than raises, and cleans up, and
     # needs only the first refusal to have arrived.
-    refused_timeout_s: float = 10.0
+    refused_timeout_s: float = 15.0
 
     # -- fixtures -------------------------------------------------------------------------
 
