@@ -13,12 +13,6 @@ from slr.testing.scripted_policy import Reply, ToolCall
 
 
 class TestOpenCode(ScaffoldAdapterTests):
-    # OpenCode's binary takes long to start on a loaded machine: its first model call came
-    # after 26-38 s on 2 busy cores (its own log: ~13 s before it logs at all, then session
-    # set-up), so both scenarios keep the limits they had.
-    hang_timeout_s = 30.0
-    refused_timeout_s = 45.0
-
     @pytest.fixture(scope="class")
     @classmethod
     def adapter(cls):

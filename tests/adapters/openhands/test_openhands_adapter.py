@@ -11,12 +11,6 @@ from slr.testing.scripted_policy import Reply, ToolCall
 
 
 class TestOpenHands(ScaffoldAdapterTests, PrestartingAdapterTests):
-    # A fresh OpenHands start (its SDK's imports) reaches the model late on a loaded
-    # machine: first calls after 19-110 s on 2 busy cores, so both scenarios keep the
-    # limits they had (start-up time is the adapter's to cut, not this test's).
-    hang_timeout_s = 30.0
-    refused_timeout_s = 45.0
-
     @pytest.fixture(scope="class")
     @classmethod
     def adapter(cls):

@@ -21,11 +21,6 @@ def terminus_json(commands, complete):
 
 
 class TestTerminus(ScaffoldAdapterTests, PrestartingAdapterTests):
-    # A fresh Terminus-2 start (harbor's imports) reaches the model after 23-29 s on 2
-    # busy cores, so both scenarios keep the limits they had.
-    hang_timeout_s = 30.0
-    refused_timeout_s = 45.0
-
     @pytest.fixture(scope="class")
     @classmethod
     def adapter(cls):
