@@ -383,8 +383,11 @@ class AgentRun:
     hello: str | None
     leftovers: str
     duration_s: float
+    timeout_s: float
     bundle: Bundle
     prestarted: Prestarted | None = None
+    #: Seconds from the start of the run to the scaffold's first model call (None: none).
+    first_call_s: float | None = None
 
 
 class AgentAdapterTests:
@@ -436,10 +439,19 @@ class ScaffoldAdapterTests(AgentAdapterTests):
     """
 
     timeout_s: float = 240.0
-    hang_timeout_s: float = 30.0  # long enough for a slow start to reach the model
+    # The hang scenario always runs until its limit (and the refusal one does for a
+    # scaffold that retries), so both limits are what the scenario needs, not a slow run's
+    # allowance: the scaffold must have reached the model when the limit strikes. Each is
+    # the larger of its floor here and ``start_up_margin`` times the scaffold's start-up as
+    # its hello run measured it (``AgentRun.first_call_s``), so a scaffold that starts in
+    # seconds is killed after seconds, and one that starts slowly (a loaded machine, a
+    # heavy SDK) still reaches the model first.
+    hang_timeout_s: float = 10.0
     # Scaffolds may retry a refused call for minutes (Claude Code does, with back-off);
-    # this scenario checks that the adapter reports rather than raises, and cleans up.
-    refused_timeout_s: float = 45.0
+    # this scenario checks that the adapter reports rather than raises, and cleans up, and
+    # needs only the first refusal to have arrived.
+    refused_timeout_s: float = 10.0
+    start_up_margin: float = 2.0
 
     # -- fixtures -------------------------------------------------------------------------
 
@@ -456,23 +468,29 @@ class ScaffoldAdapterTests(AgentAdapterTests):
         scripted_policy.reset(hello_script)
         return _run(_agent_run(adapter, sandbox_factory, scripted_policy, cls.timeout_s))
 
+    @classmethod
+    def _limit(cls, floor: float, hello_run: AgentRun) -> float:
+        if hello_run.first_call_s is None:  # the hello tests say why
+            return floor
+        return max(floor, cls.start_up_margin * hello_run.first_call_s)
+
     @pytest.fixture(scope="class")
     @classmethod
-    def hang_run(cls, adapter, sandbox_factory, scripted_policy):
+    def hang_run(cls, adapter, sandbox_factory, scripted_policy, hello_run):
+        limit = cls._limit(cls.hang_timeout_s, hello_run)
         scripted_policy.reset(mode="hang")
         try:
-            return _run(_agent_run(adapter, sandbox_factory, scripted_policy, cls.hang_timeout_s))
+            return _run(_agent_run(adapter, sandbox_factory, scripted_policy, limit))
         finally:
             scripted_policy.reset()
 
     @pytest.fixture(scope="class")
     @classmethod
-    def refused_run(cls, adapter, sandbox_factory, scripted_policy):
+    def refused_run(cls, adapter, sandbox_factory, scripted_policy, hello_run):
+        limit = cls._limit(cls.refused_timeout_s, hello_run)
         scripted_policy.reset(mode="unauthorized")
         try:
-            return _run(
-                _agent_run(adapter, sandbox_factory, scripted_policy, cls.refused_timeout_s)
-            )
+            return _run(_agent_run(adapter, sandbox_factory, scripted_policy, limit))
         finally:
             scripted_policy.reset()
 
@@ -506,20 +524,20 @@ class ScaffoldAdapterTests(AgentAdapterTests):
         assert all(isinstance(v, str) for v in hello_run.outcome.logs.values())
 
     @pytest.mark.slow
-    def test_timeout_is_enforced_and_nothing_is_left_running(self, hang_run):
-        assert hang_run.requests, "the scaffold never reached the endpoint before hanging"
+    def test_timeout_is_enforced_and_nothing_is_left_running(self, hang_run, hello_run):
+        assert hang_run.requests, _too_slow_to_start(hang_run, hello_run)
         assert hang_run.outcome.timed_out
         assert hang_run.outcome.exit_code is None
         # the run returned close to the limit: killed, not waited for
-        assert hang_run.duration_s < self.hang_timeout_s + KILL_GRACE_S
+        assert hang_run.duration_s < hang_run.timeout_s + KILL_GRACE_S
         assert hang_run.leftovers == "", f"processes left running: {hang_run.leftovers}"
 
     @pytest.mark.slow
-    def test_a_refusing_model_ends_the_run_cleanly(self, refused_run):
+    def test_a_refusing_model_ends_the_run_cleanly(self, refused_run, hello_run):
         # An outcome (the scaffold gave up, or ran out of time retrying) or ScaffoldCrashed
         # (it died of it): both are records for the trial runner; anything else raised.
         assert isinstance(refused_run.outcome, AgentOutcome)
-        assert refused_run.requests, "the scaffold never reached the endpoint"
+        assert refused_run.requests, _too_slow_to_start(refused_run, hello_run)
         assert refused_run.hello is None
         assert refused_run.leftovers == ""
 
@@ -545,6 +563,19 @@ class ScaffoldAdapterTests(AgentAdapterTests):
 
         crashed = _run(go())
         assert crashed.outcome.exit_code is not None and crashed.outcome.exit_code != 0
+
+
+def _too_slow_to_start(run: AgentRun, hello_run: AgentRun) -> str:
+    """Why a scenario saw no request: the scaffold had not reached the model by its limit."""
+    measured = (
+        "its hello run made no model call either"
+        if hello_run.first_call_s is None
+        else f"its hello run made its first model call after {hello_run.first_call_s:.1f} s"
+    )
+    return (
+        f"the scaffold never reached the endpoint within its {run.timeout_s:.1f} s limit "
+        f"({measured}): its start-up varies more than start_up_margin allows"
+    )
 
 
 class PrestartingAdapterTests:
@@ -600,6 +631,7 @@ async def _agent_run(
         except ScaffoldCrashed as exc:
             outcome = exc.outcome
         took = time.monotonic() - started
+        calls = stub.model_calls()
         hello = await sandbox.exec("cat hello.txt")
         # every scaffold process runs from the bundle; none may outlive the run
         root = await bundle_root(sandbox, bundle)
@@ -610,8 +642,10 @@ async def _agent_run(
             hello=hello.stdout if hello.exit_code == 0 else None,
             leftovers=left.stdout.strip(),
             duration_s=took,
+            timeout_s=timeout_s,
             bundle=bundle,
             prestarted=prestarted,
+            first_call_s=calls[0].at - started if calls else None,
         )
     finally:
         await sandbox.stop()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +42,8 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    #: ``time.monotonic()`` when the request arrived (how long a scaffold took to start).
+    at: float = field(factory=time.monotonic)
 
 
 class ScriptedPolicyStub:
