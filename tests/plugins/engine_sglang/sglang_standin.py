@@ -13,6 +13,14 @@ What it does not model: SGLang's scheduler, its radix cache, CUDA graphs, numeri
   SGLang's two context-length errors; fields SGLang does not know are refused (SGLang
   would ignore them: the stand-in is stricter so a misspelt field fails a test).
 - ``POST /abort_request`` ``{"rid"}``: the request ends with ``{"type": "abort"}``.
+- ``POST /load_lora_adapter`` ``{"lora_name", "lora_path"}`` (with ``enable_lora``, as
+  ``--enable-lora``): REALLY reads the peft folder (``slr.lora.read_adapter``) and keeps it
+  by name; ``/unload_lora_adapter`` ``{"lora_name"}`` drops it; a ``/generate`` naming one
+  (``lora_path``) runs with it applied to the backing hf model through the same peft layers
+  the hf engine uses (``slr.lora.load_weights``), a request naming none with that adapter
+  zeroed (the base's output exactly). The backing model holds one adapter at a time, so
+  requests naming different adapters take turns (each switch waits for the running ones);
+  SGLang batches them together. ``POST /update_weight_version`` sets the reported version.
 - ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``: loads
   ``model.safetensors`` from the folder into the backing engine.
 - ``POST /init_weights_update_group``: REALLY joins the torch.distributed group the body
@@ -67,6 +75,7 @@ ACCEPTED_GENERATE_FIELDS = frozenset(
         "logprob_start_len",
         "stream",
         "return_routed_experts",
+        "lora_path",
     }
 )
 ACCEPTED_SAMPLING_FIELDS = frozenset(
@@ -94,6 +103,10 @@ ACCEPTED_TENSOR_FIELDS = frozenset(
     {"serialized_named_tensors", "load_format", "flush_cache", "weight_version"}
 )
 ACCEPTED_DESTROY_GROUP_FIELDS = frozenset({"group_name"})
+# ... and of LoRA (LoadLoRAAdapterReqInput, UnloadLoRAAdapterReqInput) and versions
+ACCEPTED_LOAD_LORA_FIELDS = frozenset({"lora_name", "lora_path"})
+ACCEPTED_UNLOAD_LORA_FIELDS = frozenset({"lora_name"})
+ACCEPTED_WEIGHT_VERSION_FIELDS = frozenset({"new_version", "abort_all_requests"})
 
 
 class SglangStandIn:
@@ -107,6 +120,8 @@ class SglangStandIn:
         context_length: int | None = None,
         incremental: bool = False,
         routed_experts: bool = False,
+        enable_lora: bool = False,
+        max_lora_rank: int = 0,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -115,6 +130,12 @@ class SglangStandIn:
         self.context_length = context_length or engine.max_context
         self.incremental = incremental
         self.routed_experts = routed_experts
+        self.enable_lora = enable_lora
+        self.max_lora_rank = max_lora_rank
+        self.adapters: dict[str, Any] = {}  # loaded LoRA adapters by name (WeightUpdates)
+        self.applied: str | None = None  # the adapter in effect on the backing model
+        self.on_model: Any = None  # the adapter whose peft layers the model carries
+        self.adapter_lock = asyncio.Lock()  # one adapter switch (and admission) at a time
         self.weight_version = "default"
         self.requests: list[dict[str, Any]] = []
         self.fail_with: int | None = None  # answer /generate with this HTTP status
@@ -173,6 +194,13 @@ class SglangStandIn:
                 f"number of tokens in the input messages or the completion to fit within "
                 f"the limit.",
             )
+        lora = body.get("lora_path")
+        if lora is not None and lora not in self.adapters:
+            return _error(
+                400,
+                f"The following requested LoRA adapters are not loaded: {lora}\n"
+                f"Loaded adapters: {list(self.adapters)}.",
+            )
         if self.fail_with is not None:
             return _error(self.fail_with, "stand-in failure")
         return None
@@ -194,7 +222,11 @@ class SglangStandIn:
         count = 0
         try:
             async with aclosing(self.engine.stream(body["input_ids"], sampling)) as chunks:
-                async for chunk in chunks:
+                # the adapter is applied, and the request admitted, before another may switch
+                async with self.adapter_lock:
+                    await self._use_adapter(body.get("lora_path"))
+                    first = await anext(chunks, None)
+                async for chunk in _prepend(first, chunks):
                     out.put(("chunk", chunk))
                     count += len(chunk.token_ids)
                     if hold is not None and count >= hold and chunk.finish_reason is None:
@@ -293,6 +325,79 @@ class SglangStandIn:
         text = self.engine.tokenizer.decode(ids) if ids else ""
         return {"text": text, "output_ids": ids, "meta_info": meta}
 
+    # -- LoRA adapters -------------------------------------------------------------------
+
+    async def _use_adapter(self, name: str | None) -> None:
+        """Put adapter ``name`` on the backing model; None: the base (the adapter layers
+        already on the model zeroed). The backing engine's update drains its running
+        requests first."""
+        from slr.contracts.weights import WeightUpdate
+
+        if name == self.applied:
+            return
+        if name is None:
+            layers = self.on_model
+            assert layers is not None and layers.lora is not None
+            zero = {k: v * 0 for k, v in layers.items()}
+            await self.engine.update_weights(
+                WeightUpdate(tensors=zero, kind="lora", lora=layers.lora)
+            )
+        else:
+            await self.engine.update_weights(self.adapters[name])
+            self.on_model = self.adapters[name]
+        self.applied = name
+
+    def load_lora(self, body: Any) -> tuple[int, dict[str, Any]]:
+        refused = _unknown(body, ACCEPTED_LOAD_LORA_FIELDS)
+        if refused is not None:
+            return refused
+        from slr.lora import read_adapter
+
+        if not self.enable_lora:
+            return _lora_failed("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        name = str(body["lora_name"])
+        if name in self.adapters:
+            return _lora_failed(
+                f"LoRA with name {name} already exists. Loaded LoRAs: {list(self.adapters)}"
+            )
+        try:
+            update = read_adapter(body["lora_path"])
+        except Exception as exc:
+            return _lora_failed(f"Failed to load LoRA adapter {name}: {exc}")
+        assert update.lora is not None
+        if update.lora.rank > self.max_lora_rank:
+            return _lora_failed(
+                f"LoRA adapter {name} has rank {update.lora.rank}, above --max-lora-rank "
+                f"{self.max_lora_rank}"
+            )
+        self.adapters[name] = update
+        loaded = {n: str(body["lora_path"]) for n in self.adapters}
+        return 200, {"success": True, "error_message": None, "loaded_adapters": loaded}
+
+    def unload_lora(self, body: Any) -> tuple[int, dict[str, Any]]:
+        refused = _unknown(body, ACCEPTED_UNLOAD_LORA_FIELDS)
+        if refused is not None:
+            return refused
+        name = str(body["lora_name"])
+        if self.adapters.pop(name, None) is None:
+            return _lora_failed(
+                f"LoRA with name {name} does not exist. Loaded LoRAs: {list(self.adapters)}"
+            )
+        return 200, {"success": True, "error_message": None, "loaded_adapters": {}}
+
+    def update_weight_version(self, body: Any) -> tuple[int, dict[str, Any]]:
+        refused = _unknown(body, ACCEPTED_WEIGHT_VERSION_FIELDS)
+        if refused is not None:
+            return refused
+        if body.get("abort_all_requests", True):
+            self.abort(None, abort_all=True)
+        self.weight_version = str(body["new_version"])
+        return 200, {
+            "success": True,
+            "message": f"Weight version updated to {self.weight_version}",
+            "new_version": self.weight_version,
+        }
+
     # -- weights -----------------------------------------------------------------------
 
     def update_from_disk(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -388,6 +493,18 @@ def _unknown(body: Any, accepted: frozenset[str]) -> tuple[int, dict[str, Any]] 
     return _error(400, f"stand-in does not accept {sorted(unknown)}") if unknown else None
 
 
+async def _prepend(first: Any, rest: Any) -> Any:
+    """``first`` (unless None), then the rest of the async iterator ``rest``."""
+    if first is not None:
+        yield first
+    async for item in rest:
+        yield item
+
+
+def _lora_failed(message: str) -> tuple[int, dict[str, Any]]:
+    return 400, {"success": False, "error_message": message, "loaded_adapters": None}
+
+
 def _failed(message: str) -> tuple[int, dict[str, Any]]:
     return 400, {"success": False, "message": message}
 
@@ -479,6 +596,12 @@ def _handler(standin: SglangStandIn) -> type[BaseHTTPRequestHandler]:
                 self._send(*standin.update_from_tensor(body))
             elif self.path == "/destroy_weights_update_group":
                 self._send(*standin.destroy_group(body))
+            elif self.path == "/load_lora_adapter":
+                self._send(*standin.load_lora(body))
+            elif self.path == "/unload_lora_adapter":
+                self._send(*standin.unload_lora(body))
+            elif self.path == "/update_weight_version":
+                self._send(*standin.update_weight_version(body))
             elif self.path == "/standin/hold_after":
                 standin.hold_after = int((body or {})["tokens"])
                 self._send(200, {})
@@ -568,12 +691,15 @@ def main(argv: list[str]) -> None:
     from slr_engine_hf.engine import HfEngine
 
     routed = "--enable-return-routed-experts" in args
+    lora_rank = int(args.get("--max-lora-rank") or 0)
     engine = HfEngine(HfEngineConfig(model=args["--model-path"], return_routed_experts=routed))
     standin = SglangStandIn(
         engine,
         served_model_name=args.get("--served-model-name", args["--model-path"]),
         context_length=int(args["--context-length"]) if args.get("--context-length") else None,
         routed_experts=routed,
+        enable_lora="--enable-lora" in args,
+        max_lora_rank=lora_rank,
         host=args["--host"],
         port=int(args["--port"]),
     )

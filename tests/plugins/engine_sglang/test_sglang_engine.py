@@ -467,19 +467,3 @@ def test_one_weights_folder_serves_every_replica(backing, tokenizer_dir, tmp_pat
         for s in servers:
             s.close()
     assert os.path.isdir(tmp_path / "w")
-
-
-def test_a_lora_update_is_refused_with_the_fix(attached):
-    """SGLang takes adapters by path, not as base weights: a LoRA update from the trainer
-    must not be written out as a model folder of adapter matrices."""
-    import torch
-
-    from slr.contracts.weights import LoraSpec, WeightUpdate
-
-    update = WeightUpdate(
-        tensors={"model.layers.0.q_proj.lora_A.weight": torch.zeros(2, 4)},
-        kind="lora",
-        lora=LoraSpec(rank=2, alpha=4, modules=("model.layers.0.q_proj",)),
-    )
-    with pytest.raises(NotImplementedError, match="lora_rank = 0"):
-        asyncio.run(attached.update_weights(update))

@@ -62,12 +62,33 @@ class SglangEngineConfig(ServerOptions):
     )
     weights_dir: str = option(
         "",
-        doc="Folder for weight updates, on a filesystem the servers read at the same path "
+        doc="Folder for weight updates and LoRA adapters, on a filesystem the servers read at the same path "
         "(empty: a temp folder, only right when the servers run on this machine).",
     )
     keep_weight_versions: int = option(
         2,
         doc="Weight folders kept under weights_dir (older ones are deleted once replaced).",
+        validator=validators.ge(1),
+    )
+    max_lora_rank: int = option(
+        0,
+        doc="> 0: LoRA training ([optimizer] lora_rank up to this). Launched servers get "
+        "--enable-lora --max-lora-rank N --lora-target-modules ... --max-loras-per-batch M; "
+        "each LoRA update is written as an adapter folder under weights_dir, loaded with "
+        "/load_lora_adapter under a fresh name per version (the previous one is then "
+        "unloaded), and every later /generate names it (lora_path). 0: full weights only.",
+        validator=validators.ge(0),
+    )
+    lora_target_modules: list[str] = option(
+        factory=list,
+        doc="--lora-target-modules: the module names adapters may cover (e.g. ['q_proj', "
+        "'v_proj']); empty: 'all' (every module SGLang supports). A LoRA update over another "
+        "module is refused before it is sent.",
+    )
+    max_loras_per_batch: int = option(
+        2,
+        doc="--max-loras-per-batch: adapters (the base counts as one) a running batch may mix; "
+        "each slot reserves GPU memory. 2: the current adapter and the base.",
         validator=validators.ge(1),
     )
     allow_truncated_logprobs: bool = option(

@@ -6,6 +6,9 @@ its rid (``/abort_request``) at the token the server had reached, the new weight
 loaded, and the generation continues as a new request whose prompt is the original
 prompt plus the tokens so far, under the new weights (the server recomputes their KV).
 Each token records the version of the request that sampled it.
+
+A LoRA update loads an adapter instead of new base weights (``adapters.Adapters``), with
+the same drain / partial handling; every request after it names the adapter.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from slr.contracts import (
     collect,
 )
 from slr.contracts.engine import check_update_mode
-from slr.contracts.weights import require_full
+from slr.contracts.weights import is_lora
 from slr.engines.protocol import response_json, sse_data
 from slr.engines.remote import (
     HttpEngine,
@@ -42,6 +45,7 @@ from slr.engines.remote import (
 )
 from slr.engines.server import ServerProcess
 from slr.errors import UsageError
+from slr_engine_sglang.adapters import Adapters
 from slr_engine_sglang.config import SglangEngineConfig
 from slr_engine_sglang.protocol import (
     ProtocolError,
@@ -84,9 +88,9 @@ class SglangEngine(HttpEngine):
         self._experts_per_token = config.experts_per_token
         self._inflight: dict[str, asyncio.Event] = {}  # rid -> set when its request ended
         self._preempted: set[str] = set()  # rids aborted by a partial update, to resume
-        self._transfer = transfer_for(
-            config, index=index, folders=weights or weight_folders(config)
-        )
+        folders = weights or weight_folders(config)
+        self._transfer = transfer_for(config, index=index, folders=folders)
+        self._adapters = Adapters(config, folders=folders, index=index)
 
     def launch(self) -> ServerProcess:
         return launch_server(self.config, index=self.index)
@@ -134,6 +138,7 @@ class SglangEngine(HttpEngine):
                 max_new_tokens=room,
                 stream=True,
                 return_routed_experts=self.config.return_routed_experts,
+                lora_path=self._adapters.current,
             )
             version = self._version
             ended = self._inflight[rid] = asyncio.Event()
@@ -241,19 +246,21 @@ class SglangEngine(HttpEngine):
         version: int | None = None,
         mode: UpdateMode = "drain",
     ) -> int:
-        """Load new weights by the route ``[engine] weight_update`` names (``transfer``).
+        """Load new weights by the route ``[engine] weight_update`` names (``transfer``), or
+        a LoRA update as the server's adapter (``adapters``).
 
         ``"drain"``: new requests wait, running ones finish, then the swap. ``"partial"``:
         running requests are aborted at a token boundary and continue afterwards under
         the new weights (``stream``)."""
         check_update_mode(mode)
-        # SGLang loads LoRA adapters by path, not as an update of the base's weights
-        state_dict = require_full(state_dict, engine="sglang")
         if self._transfer is None:
             raise UsageError(
                 "this SGLang engine is configured with weight_update = 'none'; set it to "
                 "'disk', 'distributed' or 'tensor' to push weights from the trainer"
             )
+        lora = state_dict if is_lora(state_dict) else None
+        if lora is not None:  # before any request is aborted for it
+            self._adapters.check(lora)
         new_version = version if version is not None else self._version + 1
         async with self._swap():
             running = dict(self._inflight)
@@ -261,7 +268,10 @@ class SglangEngine(HttpEngine):
                 self._preempted.update(running)
                 await asyncio.gather(*(self._abort(rid) for rid in running))
             await asyncio.gather(*(event.wait() for event in running.values()))
-            await self._transfer.push(self._server(), state_dict, new_version)
+            if lora is not None:
+                await self._adapters.load(self._server(), lora, new_version)
+            else:
+                await self._transfer.push(self._server(), state_dict, new_version)
             self._version = new_version
             return new_version
 
@@ -269,9 +279,11 @@ class SglangEngine(HttpEngine):
         return Server(url=self.url, client=self.client)
 
     async def close(self) -> None:
-        """Leave the weight group (if one was opened), then stop or detach from the server."""
+        """Leave the weight group (if one was opened) and unload our adapter, then stop or
+        detach from the server."""
         try:
             if not self._closed and self._transfer is not None and self._url is not None:
+                await self._adapters.close(self._server())
                 await self._transfer.close(self._server())
         finally:
             await super().close()

@@ -68,8 +68,10 @@ def generate_request(
     max_new_tokens: int,
     stream: bool = False,
     return_routed_experts: bool = False,
+    lora_path: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON body of ``POST /generate`` for one generation."""
+    """The JSON body of ``POST /generate`` for one generation; ``lora_path`` names a loaded
+    adapter (SGLang's field takes the name given to ``/load_lora_adapter``)."""
     params: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "temperature": sampling.temperature,
@@ -96,6 +98,8 @@ def generate_request(
     }
     if return_routed_experts:
         body["return_routed_experts"] = True
+    if lora_path is not None:
+        body["lora_path"] = lora_path
     return body
 
 
@@ -317,3 +321,23 @@ def server_ranks(info: Any) -> int:
             f"replica ([engine] replicas)"
         )
     return sizes["tp_size"]
+
+
+# -- LoRA adapters (answers: {"success", "error_message", "loaded_adapters"}) ---------------
+
+
+def load_lora_request(name: str, path: str) -> dict[str, Any]:
+    """``POST /load_lora_adapter``: read the peft folder at ``path`` as adapter ``name`` (a
+    name SGLang does not hold yet: it refuses to load one twice)."""
+    return {"lora_name": name, "lora_path": path}
+
+
+def unload_lora_request(name: str) -> dict[str, Any]:
+    """``POST /unload_lora_adapter``: SGLang drops ``name`` once no request uses it."""
+    return {"lora_name": name}
+
+
+def weight_version_request(version: int) -> dict[str, Any]:
+    """``POST /update_weight_version``: the version the server reports from now on (an
+    adapter load does not change it); running requests are not aborted."""
+    return {"new_version": str(version), "abort_all_requests": False}

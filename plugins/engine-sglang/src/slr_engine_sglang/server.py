@@ -32,6 +32,10 @@ def launch_command(config: SglangEngineConfig, *, python: str, port: int) -> lis
         cmd += ["--context-length", str(config.max_context)]
     if config.return_routed_experts:
         cmd += ["--enable-return-routed-experts"]
+    if config.max_lora_rank:  # adapters are loaded at run time: shape the pool up front
+        cmd += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
+        cmd += ["--lora-target-modules", *(config.lora_target_modules or ["all"])]
+        cmd += ["--max-loras-per-batch", str(config.max_loras_per_batch)]
     return cmd + list(config.extra_args)
 
 

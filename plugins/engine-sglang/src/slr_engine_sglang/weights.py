@@ -1,4 +1,4 @@
-"""Weight updates through SGLang's ``/update_weights_from_disk``.
+"""Weight updates through SGLang's ``/update_weights_from_disk``, and LoRA adapter folders.
 
 The trainer's state dict is written as a model folder (``model.safetensors`` beside the
 model's ``config.json`` and tokenizer files, which SGLang's loader reads too) under
@@ -6,6 +6,10 @@ model's ``config.json`` and tokenizer files, which SGLang's loader reads too) un
 with ``{"model_path": folder, "weight_version": "<version>"}``. The folder must be
 readable by the server at the same path: the same machine, or a shared filesystem.
 Older folders beyond ``keep_weight_versions`` are deleted once a newer one is loaded.
+
+A LoRA update (``slr.contracts.weights.WeightUpdate`` of kind ``"lora"``) gets the same
+versioned folder, written as a peft adapter folder by ``slr.lora`` (the format's owner),
+for ``/load_lora_adapter`` to read.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from slr.contracts.weights import is_lora
+from slr.lora import write_adapter
 
 # Files of a model folder that SGLang reads besides the weights themselves.
 _BESIDE_WEIGHTS = (
@@ -54,7 +61,8 @@ class WeightFolders:
         return self.root / f"v{version:06d}"
 
     def write(self, state_dict: Mapping[str, Any], version: int) -> Path:
-        """Write ``state_dict`` as version ``version``'s folder (complete before it is named)."""
+        """Write ``state_dict`` as version ``version``'s folder (complete before it is named):
+        a model folder, or a peft adapter folder for a LoRA update."""
         with self._lock:
             final = self.folder(version)
             if self._written == (version, id(state_dict)) and final.is_dir():
@@ -68,6 +76,11 @@ class WeightFolders:
 
         partial = final.with_name(final.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
+        if is_lora(state_dict):
+            write_adapter(partial, state_dict)
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+            return
         partial.mkdir(parents=True)
         if self.source is not None:
             for name in _BESIDE_WEIGHTS:
