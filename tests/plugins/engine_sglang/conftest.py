@@ -54,6 +54,24 @@ def standin(backing):
 
 
 @pytest.fixture
+def lora_model():
+    """A tiny model (and tokenizer) of the test's own: serving LoRA puts peft's layers into
+    the model, which must not leak into the shared one."""
+    return tiny.tiny_model(seed=3, max_context=256)
+
+
+@pytest.fixture
+def lora_standin(lora_model):
+    """A stand-in launched as with ``--enable-lora --max-lora-rank 8`` on ``lora_model``."""
+    model, tok = lora_model
+    engine = HfEngine.from_model(model, tok, HfEngineConfig(max_context=256))
+    server = sglang_standin.SglangStandIn(engine, enable_lora=True, max_lora_rank=8)
+    yield server
+    server.close()
+    asyncio.run(engine.close())
+
+
+@pytest.fixture
 def attach(tokenizer_dir, tmp_path, tiny_dense):
     """``attach(standin, **options)``: a started SglangEngine on that stand-in."""
     engines: list[SglangEngine] = []

@@ -9,14 +9,30 @@ late 2026; no release number is recorded in these files), never copied code:
   ``UpdateWeightsFromDistributedReqInput`` (``names``, ``dtypes``, ``shapes``: the dtype
   names are read back with ``getattr(torch, name)``), ``UpdateWeightsFromTensorReqInput``
   (``serialized_named_tensors``: one base64 string per tensor-parallel rank) and
-  ``DestroyWeightsUpdateGroupReqInput``; every request inherits ``rid`` and
-  ``http_worker_ipc`` from ``BaseReq``, and their outputs are ``{success, message}``;
+  ``DestroyWeightsUpdateGroupReqInput``, ``LoadLoRAAdapterReqInput`` (``lora_name``,
+  ``lora_path``, ``pinned``, ``lora_id``), ``UnloadLoRAAdapterReqInput`` (``lora_name``,
+  ``lora_id``) and ``UpdateWeightVersionReqInput`` (``new_version``,
+  ``abort_all_requests``, True by default); every request inherits ``rid`` and
+  ``http_worker_ipc`` from ``BaseReq``; the weight outputs are ``{success, message}``, the
+  LoRA ones ``LoRAUpdateOutput`` (``success``, ``error_message``, ``loaded_adapters``);
+  ``GenerateReqInput.lora_path`` names a loaded adapter per request;
 - ``python/sglang/srt/model_executor/weight_updater.py`` (the stored version; no commit
   recorded): a worker joins the group as ``rank_offset + tp_rank`` and receives each named
   tensor as one ``broadcast(src=0)``, in order (``load_format = "flattened_bucket"`` would
   broadcast one flat tensor instead; the engine does not use it);
 - ``python/sglang/srt/server_args.py``, not read at a commit: ``/get_server_info`` answers
   the ``ServerArgs`` fields, of which the engine reads ``tp_size``, ``dp_size``, ``pp_size``;
+- ``docs/advanced_features/lora.ipynb`` (commit
+  034b3be819faf3f84c5aae5a4cda27bdf2e12de0) and ``docs/advanced_features/server_arguments.md``
+  (the stored version): the LoRA launch flags ``--enable-lora``, ``--max-lora-rank``,
+  ``--lora-target-modules`` (module names or ``all``; needed, with the rank, when adapters
+  are only loaded at run time), ``--max-loras-per-batch`` (the base counts as one),
+  ``--lora-paths``; ``/generate`` names an adapter with ``lora_path`` = its name;
+- ``python/sglang/srt/lora/lora_registry.py`` (commit
+  5bf90e9dd2a3968df22212dc5f39ab46c55c4791): a name already loaded is refused ("LoRA with
+  name ... already exists"), a request naming an adapter not loaded fails ("The following
+  requested LoRA adapters are not loaded"), and an unload waits until no request uses the
+  adapter;
 - ``python/sglang/srt/sampling/sampling_params.py`` (commit
   00c17cafcb9e289d5ca97c50e44ada54e4fd5b03): the caller-facing ``SamplingParams`` fields
   (the "API parameters" block; not the internal ones set by ``normalize``);
@@ -29,7 +45,9 @@ late 2026; no release number is recorded in these files), never copied code:
   ``{"type": "stop", "matched"}``, ``{"type": "length", "length"}``, ``{"type": "abort",
   "message", "status_code", "err_type"}``;
 - ``python/sglang/srt/entrypoints/http_server.py`` (commit
-  0025436eab0556737d615b36a4dd3e1e26e82f3d): the routes and the answers of
+  0025436eab0556737d615b36a4dd3e1e26e82f3d): the routes (``/load_lora_adapter`` and
+  ``/unload_lora_adapter`` answer 200 on success, else 400, with ``LoRAUpdateOutput``;
+  ``/update_weight_version``: ``success``, ``message``, ``new_version``) and the answers of
   ``/update_weights_from_disk`` (``success``, ``message``, ``num_paused_requests``) and
   ``/v1/models`` (cards with ``max_model_len``).
 
@@ -242,6 +260,31 @@ UPDATE_WEIGHTS_FROM_TENSOR_FIELDS = _BASE_REQ | {
     "torch_empty_cache",
 }
 DESTROY_WEIGHTS_UPDATE_GROUP_FIELDS = _BASE_REQ | {"group_name"}
+LOAD_LORA_ADAPTER_FIELDS = _BASE_REQ | {"lora_name", "lora_path", "pinned", "lora_id"}
+UNLOAD_LORA_ADAPTER_FIELDS = _BASE_REQ | {"lora_name", "lora_id"}
+# LoRAUpdateOutput (BaseReq's fields may come along)
+LORA_UPDATE_RESPONSE_KEYS = _BASE_REQ | {"success", "error_message", "loaded_adapters"}
+UPDATE_WEIGHT_VERSION_FIELDS = _BASE_REQ | {"new_version", "abort_all_requests"}
+UPDATE_WEIGHT_VERSION_RESPONSE_KEYS = frozenset({"success", "message", "new_version"})
+# launch_server flags the engine passes for LoRA (server_arguments.md), and the values
+# --lora-target-modules takes
+LORA_LAUNCH_FLAGS = frozenset(
+    {"--enable-lora", "--max-lora-rank", "--lora-target-modules", "--max-loras-per-batch"}
+)
+LORA_TARGET_MODULE_CHOICES = frozenset(
+    {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "qkv_proj",
+        "gate_up_proj",
+        "all",
+    }
+)
 # the answer of the group and distributed / tensor routes
 WEIGHT_UPDATE_RESPONSE_KEYS = frozenset({"success", "message"})
 SERVER_INFO_KEYS_READ = frozenset({"tp_size", "dp_size", "pp_size"})
@@ -255,6 +298,9 @@ ROUTES = {
     ("POST", "/update_weights_from_distributed"),
     ("POST", "/update_weights_from_tensor"),
     ("POST", "/destroy_weights_update_group"),
+    ("POST", "/load_lora_adapter"),
+    ("POST", "/unload_lora_adapter"),
+    ("POST", "/update_weight_version"),
     ("GET", "/get_server_info"),
     ("POST", "/flush_cache"),
     ("GET", "/health"),

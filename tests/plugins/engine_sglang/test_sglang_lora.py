@@ -11,11 +11,9 @@ import asyncio
 import pytest
 import sglang_standin
 import torch
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 from slr_engine_sglang.config import SglangEngineConfig
-from slr_engine_sglang.engine import SglangEngine
 from slr_engine_sglang.server import launch_command
 
 from slr.contracts import EngineUnavailable, SamplingParams
@@ -28,44 +26,14 @@ RANK = 4
 
 
 @pytest.fixture
-def model_and_tok():
-    """A tiny model of each test's own: the adapter's peft layers go into it."""
-    return tiny.tiny_model(seed=3, max_context=256)
+def base_state(lora_model):
+    return {k: v.clone() for k, v in lora_model[0].state_dict().items()}
 
 
 @pytest.fixture
-def base_state(model_and_tok):
-    return {k: v.clone() for k, v in model_and_tok[0].state_dict().items()}
-
-
-@pytest.fixture
-def lora_standin(model_and_tok):
-    model, tok = model_and_tok
-    engine = HfEngine.from_model(model, tok, HfEngineConfig(max_context=256))
-    server = sglang_standin.SglangStandIn(engine, enable_lora=True, max_lora_rank=8)
-    yield server
-    server.close()
-    asyncio.run(engine.close())
-
-
-@pytest.fixture
-def connect(tmp_path, model_and_tok):
+def connect(attach):
     """``connect(server, **options)``: a started SglangEngine with LoRA on that stand-in."""
-    engines: list[SglangEngine] = []
-
-    def make(server, **options) -> SglangEngine:
-        options.setdefault("max_lora_rank", 8)
-        config = SglangEngineConfig(
-            model="m", urls=[server.url], weights_dir=str(tmp_path / "w"), **options
-        )
-        engine = SglangEngine(config, url=server.url, tokenizer=model_and_tok[1])
-        asyncio.run(engine.start())
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        asyncio.run(engine.close())
+    return lambda server, **options: attach(server, **{"max_lora_rank": 8, **options})
 
 
 def lora_update(base_state, *, seed: int, targets=("q_proj", "v_proj"), rank=RANK):
@@ -106,9 +74,9 @@ def _posts(server, path):
 
 
 def test_each_lora_update_loads_a_fresh_adapter_and_generate_names_it(
-    lora_standin, connect, model_and_tok, base_state
+    lora_standin, connect, lora_model, base_state
 ):
-    model, _ = model_and_tok
+    model, _ = lora_model
     engine = connect(lora_standin)
     prompt, params = [4, 5, 6, 7], SamplingParams(max_tokens=6, seed=2)
     names = []
@@ -135,9 +103,9 @@ def test_each_lora_update_loads_a_fresh_adapter_and_generate_names_it(
 
 
 def test_a_partial_lora_update_resumes_each_generation_under_the_new_adapter(
-    lora_standin, connect, model_and_tok, base_state
+    lora_standin, connect, lora_model, base_state
 ):
-    model, _ = model_and_tok
+    model, _ = lora_model
     engine = connect(lora_standin)
     update = lora_update(base_state, seed=21)
     prompt = [7, 8, 9, 10]
@@ -181,9 +149,9 @@ def test_an_adapter_the_server_cannot_take_is_refused_before_anything_is_sent(
 
 
 def test_a_server_without_lora_fails_the_update_with_the_fix_and_keeps_serving(
-    connect, model_and_tok, base_state
+    connect, lora_model, base_state
 ):
-    model, tok = model_and_tok
+    model, tok = lora_model
     backing = HfEngine.from_model(model, tok, HfEngineConfig(max_context=256))
     plain = sglang_standin.SglangStandIn(backing)  # launched without --enable-lora
     try:

@@ -16,6 +16,8 @@ import pytest
 import sglang_schema as schema
 import sglang_standin
 import torch
+from slr_engine_sglang.config import SglangEngineConfig
+from slr_engine_sglang.server import launch_command
 
 from slr.contracts import SamplingParams
 
@@ -30,6 +32,9 @@ def test_the_stand_in_accepts_only_fields_sglang_declares():
         sglang_standin.ACCEPTED_DISTRIBUTED_FIELDS: schema.UPDATE_WEIGHTS_FROM_DISTRIBUTED_FIELDS,
         sglang_standin.ACCEPTED_TENSOR_FIELDS: schema.UPDATE_WEIGHTS_FROM_TENSOR_FIELDS,
         sglang_standin.ACCEPTED_DESTROY_GROUP_FIELDS: schema.DESTROY_WEIGHTS_UPDATE_GROUP_FIELDS,
+        sglang_standin.ACCEPTED_LOAD_LORA_FIELDS: schema.LOAD_LORA_ADAPTER_FIELDS,
+        sglang_standin.ACCEPTED_UNLOAD_LORA_FIELDS: schema.UNLOAD_LORA_ADAPTER_FIELDS,
+        sglang_standin.ACCEPTED_WEIGHT_VERSION_FIELDS: schema.UPDATE_WEIGHT_VERSION_FIELDS,
     }
     for mine, sglangs in accepted.items():
         assert mine <= sglangs, mine - sglangs
@@ -102,3 +107,58 @@ def test_every_body_the_engine_sent_uses_sglangs_names(attached, standin, tiny_d
     assert set(sent["/update_weights_from_disk"]) <= schema.UPDATE_WEIGHTS_FROM_DISK_FIELDS
     response = httpx.post(f"{standin.url}/update_weights_from_disk", json={"model_path": "/nope"})
     assert set(response.json()) == schema.UPDATE_WEIGHTS_FROM_DISK_RESPONSE_KEYS
+
+
+def test_a_lora_exchange_uses_sglangs_names_both_ways(lora_standin, attach, lora_model):
+    """Two adapter versions (load, version, unload), a generate naming the adapter, and the
+    stand-in's refusals: every body and answer is in SGLang's table."""
+    from test_sglang_lora import lora_update
+
+    base = {k: v.clone() for k, v in lora_model[0].state_dict().items()}
+    engine = attach(lora_standin, max_lora_rank=8)
+
+    async def exchange():
+        for seed in (1, 2):
+            await engine.update_weights(lora_update(base, seed=seed))
+        await engine.generate([1, 2, 3], SamplingParams(max_tokens=2, seed=1))
+
+    asyncio.run(exchange())
+    sent: dict[str, list] = {}
+    for r in lora_standin.requests:
+        assert (r["method"], r["path"]) in schema.ROUTES, r["path"]
+        sent.setdefault(r["path"], []).append(r["body"])
+    for body in sent["/load_lora_adapter"]:
+        assert set(body) <= schema.LOAD_LORA_ADAPTER_FIELDS
+    assert sent["/unload_lora_adapter"] and all(
+        set(b) <= schema.UNLOAD_LORA_ADAPTER_FIELDS for b in sent["/unload_lora_adapter"]
+    )
+    for body in sent["/update_weight_version"]:
+        assert set(body) <= schema.UPDATE_WEIGHT_VERSION_FIELDS
+    assert set(sent["/generate"][-1]) <= schema.GENERATE_REQUEST_FIELDS
+    assert sent["/generate"][-1]["lora_path"] == sent["/load_lora_adapter"][-1]["lora_name"]
+    answers = [
+        httpx.post(f"{lora_standin.url}/load_lora_adapter", json=sent["/load_lora_adapter"][-1]),
+        httpx.post(f"{lora_standin.url}/unload_lora_adapter", json={"lora_name": "nope"}),
+        httpx.post(
+            f"{lora_standin.url}/load_lora_adapter", json={"lora_name": "x", "lora_path": "/"}
+        ),
+    ]
+    for response in answers:  # a name held twice, one never loaded, a folder with no adapter
+        assert response.status_code == 400 and not response.json()["success"]
+        assert set(response.json()) <= schema.LORA_UPDATE_RESPONSE_KEYS
+    version = httpx.post(f"{lora_standin.url}/update_weight_version", json={"new_version": "9"})
+    assert set(version.json()) <= schema.UPDATE_WEIGHT_VERSION_RESPONSE_KEYS
+    unknown = {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}, "lora_path": "nope"}
+    refused = httpx.post(f"{lora_standin.url}/generate", json=unknown)
+    assert refused.status_code == 400 and "not loaded" in refused.json()["error"]["message"]
+
+
+def test_the_lora_launch_flags_are_sglangs():
+    config = SglangEngineConfig(model="m", max_lora_rank=8, lora_target_modules=["q_proj"])
+    cmd = launch_command(config, python="py", port=1)
+    flags = {arg for arg in cmd if arg.startswith("--") and "lora" in arg}
+    assert flags == schema.LORA_LAUNCH_FLAGS
+    modules = cmd[cmd.index("--lora-target-modules") + 1 : cmd.index("--max-loras-per-batch")]
+    assert set(modules) <= schema.LORA_TARGET_MODULE_CHOICES
+    everything = launch_command(SglangEngineConfig(model="m", max_lora_rank=8), python="p", port=1)
+    assert everything[everything.index("--lora-target-modules") + 1] == "all"
