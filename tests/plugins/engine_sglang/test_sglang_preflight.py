@@ -61,3 +61,10 @@ def test_tensor_updates_need_servers_on_this_machine():
         "sglang-config", 'engine.urls=["http://gpu-a:30000"]', 'engine.weight_update="distributed"'
     )
     assert group.status == "warn" and "trainer_address" in group.message
+
+
+def test_a_lora_run_needs_max_lora_rank_at_least_the_trained_rank():
+    [short] = results("sglang-config", "optimizer.lora_rank=16", "engine.max_lora_rank=8")
+    assert short.status == "fatal" and "max_lora_rank to at least 16" in short.fix
+    [enough] = results("sglang-config", "optimizer.lora_rank=16", "engine.max_lora_rank=16")
+    assert enough.status == "pass"

@@ -131,7 +131,7 @@ def require_full(weights: Mapping[str, Any], *, engine: str) -> Mapping[str, Any
     if is_lora(weights):
         raise NotImplementedError(
             f"the {engine} engine cannot apply a LoRA adapter update; train full weights "
-            f"([optimizer] lora_rank = 0) or use an engine that loads adapters (hf, vllm)"
+            f"([optimizer] lora_rank = 0) or use an engine that loads adapters (hf, vllm, sglang)"
         )
     return weights
 

@@ -1,6 +1,7 @@
 """The SGLang engine's preflight: its servers answer, or the launch has what it needs (a
 Python with SGLang, one GPU set per replica, GPUs with memory free); and where weight
-updates are written (or how they travel) when the servers are elsewhere."""
+updates are written (or how they travel) when the servers are elsewhere; and that the
+servers take the LoRA adapter the optimizer trains."""
 
 from __future__ import annotations
 
@@ -54,7 +55,25 @@ def check_config(ctx: Context) -> list[CheckResult] | None:
                 fix="set engine.trainer_address to the address the servers reach this machine at",
             )
         )
+    lora_rank = _trained_lora_rank(ctx)
+    if lora_rank > o.max_lora_rank and ctx.purpose == "run":
+        found.append(
+            fatal(
+                f"the optimizer trains a rank-{lora_rank} LoRA adapter but engine.max_lora_rank "
+                f"is {o.max_lora_rank}: the SGLang servers would refuse it at the first update",
+                fix=f"set engine.max_lora_rank to at least {lora_rank} (launched servers get "
+                f"--enable-lora --max-lora-rank; attached ones must have been started so)",
+            )
+        )
     return found or [ok(f"{len(o.urls) or o.replicas} SGLang server(s) configured")]
+
+
+def _trained_lora_rank(ctx: Context) -> int:
+    """The optimizer's ``lora_rank`` (0: full weights, or an optimizer without one)."""
+    try:
+        return int(getattr(ctx.options("optimizer"), "lora_rank", 0) or 0)
+    except (AttributeError, TypeError, ValueError):
+        return 0
 
 
 def _has_sglang(python: str) -> bool:
