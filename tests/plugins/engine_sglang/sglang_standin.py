@@ -55,6 +55,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -493,7 +494,7 @@ def _unknown(body: Any, accepted: frozenset[str]) -> tuple[int, dict[str, Any]] 
     return _error(400, f"stand-in does not accept {sorted(unknown)}") if unknown else None
 
 
-async def _prepend(first: Any, rest: Any) -> Any:
+async def _prepend(first: Any, rest: Any) -> AsyncIterator[Any]:
     """``first`` (unless None), then the rest of the async iterator ``rest``."""
     if first is not None:
         yield first
