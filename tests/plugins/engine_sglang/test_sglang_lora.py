@@ -184,3 +184,46 @@ def test_launched_servers_get_sglangs_lora_flags():
     j = cmd.index("--lora-target-modules")
     assert cmd[j : j + 3] == ["--lora-target-modules", "q_proj", "o_proj"]
     assert "--enable-lora" not in launch_command(SglangEngineConfig(model="m"), python="p", port=1)
+
+
+def test_replicas_share_one_adapter_folder_and_each_names_its_own_adapter(
+    lora_standin, lora_model, base_state, tokenizer_dir, tmp_path
+):
+    from slr_engine_hf import tiny
+    from slr_engine_sglang.engine import start_engines
+
+    model, tok = tiny.tiny_model(seed=3, max_context=256)  # the second server's own model
+    backing = HfEngine.from_model(model, tok, HfEngineConfig(max_context=256))
+    other = sglang_standin.SglangStandIn(backing, enable_lora=True, max_lora_rank=8)
+    servers = [lora_standin, other]
+    config = SglangEngineConfig(
+        model="m",
+        tokenizer=str(tokenizer_dir),
+        urls=[s.url for s in servers],
+        weights_dir=str(tmp_path / "w"),
+        max_lora_rank=8,
+    )
+
+    async def scenario():
+        engines = await start_engines(config)
+        try:
+            update = lora_update(base_state, seed=4)
+            await asyncio.gather(*(e.update_weights(update) for e in engines))
+            prompt, params = [3, 4, 5], SamplingParams(max_tokens=3, seed=1)
+            return update, [await e.generate(prompt, params) for e in engines]
+        finally:
+            await asyncio.gather(*(e.close() for e in engines))
+
+    try:
+        update, gens = asyncio.run(scenario())
+        loads = [_posts(s, "/load_lora_adapter")[-1] for s in servers]
+        assert loads[0]["lora_path"] == loads[1]["lora_path"]  # written once
+        assert loads[0]["lora_name"] != loads[1]["lora_name"]
+        for gen in gens:  # both servers run the same adapter over the same base
+            expected = served_vs_adapted(
+                lora_model[0], base_state, update, [3, 4, 5], gen.token_ids
+            )
+            assert max(abs(a - b) for a, b in zip(gen.logprobs, expected, strict=True)) < 1e-5
+    finally:
+        other.close()
+        asyncio.run(backing.close())
