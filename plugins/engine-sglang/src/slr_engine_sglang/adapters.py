@@ -110,7 +110,7 @@ class Adapters:
             log.warning("sglang unload_lora_adapter failed", adapter=name, error=str(exc))
 
     async def close(self, server: Server) -> None:
-        """Unload the current adapter: an attached server outlives this engine."""
+        """Unload the current adapter (the engine calls it for a server it attached to)."""
         if self.current is not None:
             name, self.current = self.current, None
             await self.unload(server, name)

@@ -62,8 +62,8 @@ class SglangEngineConfig(ServerOptions):
     )
     weights_dir: str = option(
         "",
-        doc="Folder for weight updates and LoRA adapters, on a filesystem the servers read at the same path "
-        "(empty: a temp folder, only right when the servers run on this machine).",
+        doc="Folder for weight updates and LoRA adapters, on a filesystem the servers read at "
+        "the same path (empty: a temp folder, only right when the servers run on this machine).",
     )
     keep_weight_versions: int = option(
         2,

@@ -279,11 +279,12 @@ class SglangEngine(HttpEngine):
         return Server(url=self.url, client=self.client)
 
     async def close(self) -> None:
-        """Leave the weight group (if one was opened) and unload our adapter, then stop or
-        detach from the server."""
+        """Leave the weight group (if one was opened) and unload our adapter from an
+        attached server (it outlives us), then stop or detach from the server."""
         try:
             if not self._closed and self._transfer is not None and self._url is not None:
-                await self._adapters.close(self._server())
+                if self.server is None:
+                    await self._adapters.close(self._server())
                 await self._transfer.close(self._server())
         finally:
             await super().close()
