@@ -134,6 +134,7 @@ class SglangStandIn:
         self.enable_lora = enable_lora
         self.max_lora_rank = max_lora_rank
         self.adapters: dict[str, Any] = {}  # loaded LoRA adapters by name (WeightUpdates)
+        self.adapter_paths: dict[str, str] = {}
         self.applied: str | None = None  # the adapter in effect on the backing model
         self.on_model: Any = None  # the adapter whose peft layers the model carries
         self.adapter_lock = asyncio.Lock()  # one adapter switch (and admission) at a time
@@ -356,6 +357,8 @@ class SglangStandIn:
 
         if not self.enable_lora:
             return _lora_failed("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        if not body.get("lora_name") or not body.get("lora_path"):
+            return _error(400, "lora_name and lora_path are required")
         name = str(body["lora_name"])
         if name in self.adapters:
             return _lora_failed(
@@ -372,7 +375,8 @@ class SglangStandIn:
                 f"{self.max_lora_rank}"
             )
         self.adapters[name] = update
-        loaded = {n: str(body["lora_path"]) for n in self.adapters}
+        self.adapter_paths[name] = str(body["lora_path"])
+        loaded = {n: self.adapter_paths[n] for n in self.adapters}
         return 200, {"success": True, "error_message": None, "loaded_adapters": loaded}
 
     def unload_lora(self, body: Any) -> tuple[int, dict[str, Any]]:
@@ -380,6 +384,7 @@ class SglangStandIn:
         if refused is not None:
             return refused
         name = str(body["lora_name"])
+        self.adapter_paths.pop(name, None)
         if self.adapters.pop(name, None) is None:
             return _lora_failed(
                 f"LoRA with name {name} does not exist. Loaded LoRAs: {list(self.adapters)}"
@@ -390,6 +395,8 @@ class SglangStandIn:
         refused = _unknown(body, ACCEPTED_WEIGHT_VERSION_FIELDS)
         if refused is not None:
             return refused
+        if "new_version" not in body:
+            return _error(400, "new_version is required")
         if body.get("abort_all_requests", True):
             self.abort(None, abort_all=True)
         self.weight_version = str(body["new_version"])
