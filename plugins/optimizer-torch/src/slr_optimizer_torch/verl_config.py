@@ -16,6 +16,27 @@ from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.correction import Correction, policy_loss_config
 
 
+def loss_fields(
+    algorithm: AlgorithmSection, correction: Correction | None, *, ppo_epochs: int
+) -> dict[str, Any]:
+    """The ``ActorConfig`` fields verl's ``ppo_loss`` and policy losses read, from
+    ``[algorithm]``: the same for every trainer that builds an ``ActorConfig`` (this one and
+    slr-optimizer-verl); in bypass mode the policy loss is verl's ``bypass_mode``."""
+    return {
+        "clip_ratio": algorithm.clip_ratio_low,
+        "clip_ratio_low": algorithm.clip_ratio_low,
+        "clip_ratio_high": algorithm.clip_ratio_high,
+        "policy_loss": policy_loss_config(correction, algorithm.policy_loss),
+        "loss_agg_mode": algorithm.loss_agg_mode,
+        "entropy_coeff": algorithm.entropy_coeff,
+        "use_kl_loss": algorithm.use_kl_loss,
+        "kl_loss_coef": algorithm.kl_loss_coef,
+        "kl_loss_type": algorithm.kl_loss_type,
+        "ppo_epochs": ppo_epochs,
+        "loss_scale_factor": algorithm.loss_scale_factor,
+    }
+
+
 def actor_config(
     algorithm: AlgorithmSection,
     options: TorchOptimizerConfig,
@@ -29,17 +50,7 @@ def actor_config(
         rollout_n=1,  # required by the class; groups come from the trials' group ids
         ppo_micro_batch_size_per_gpu=1,  # required unless dynamic batching; unused here
         use_torch_compile=False,
-        clip_ratio=algorithm.clip_ratio_low,
-        clip_ratio_low=algorithm.clip_ratio_low,
-        clip_ratio_high=algorithm.clip_ratio_high,
-        policy_loss=policy_loss_config(correction, algorithm.policy_loss),
-        loss_agg_mode=algorithm.loss_agg_mode,
-        entropy_coeff=algorithm.entropy_coeff,
-        use_kl_loss=algorithm.use_kl_loss,
-        kl_loss_coef=algorithm.kl_loss_coef,
-        kl_loss_type=algorithm.kl_loss_type,
-        ppo_epochs=options.ppo_epochs,
-        loss_scale_factor=algorithm.loss_scale_factor,
+        **loss_fields(algorithm, correction, ppo_epochs=options.ppo_epochs),
     )
 
 

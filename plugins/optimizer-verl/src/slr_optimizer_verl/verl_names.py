@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from slr_optimizer_torch.correction import Correction, policy_loss_config
+from slr_optimizer_torch.correction import Correction
+from slr_optimizer_torch.verl_config import loss_fields
 
 from slr.config import AlgorithmSection
 from slr.errors import ConfigError
@@ -127,17 +128,7 @@ def actor_config(
         use_dynamic_bsz=True,
         ppo_max_token_len_per_gpu=options.micro_batch_tokens,
         use_torch_compile=False,
-        clip_ratio=algorithm.clip_ratio_low,
-        clip_ratio_low=algorithm.clip_ratio_low,
-        clip_ratio_high=algorithm.clip_ratio_high,
-        policy_loss=policy_loss_config(correction, algorithm.policy_loss),
-        loss_agg_mode=algorithm.loss_agg_mode,
-        entropy_coeff=algorithm.entropy_coeff,
-        use_kl_loss=algorithm.use_kl_loss,
-        kl_loss_coef=algorithm.kl_loss_coef,
-        kl_loss_type=algorithm.kl_loss_type,
-        ppo_epochs=options.ppo_epochs,
-        loss_scale_factor=algorithm.loss_scale_factor,
+        **loss_fields(algorithm, correction, ppo_epochs=options.ppo_epochs),
     )
 
 
