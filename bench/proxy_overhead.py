@@ -61,6 +61,17 @@ HOPS = (
 )
 
 
+def collect_stream(replica) -> None:
+    """The ``before`` variant: this replica's ``generate`` collects its chunked stream (several
+    Ray objects per call), as it did before ``generate`` became one actor call."""
+    from slr.contracts.engine import collect
+
+    async def generate(prompt_ids, sampling, *, session_id=None):
+        return await collect(replica.stream(prompt_ids, sampling, session_id=session_id))
+
+    replica.generate = generate
+
+
 def pct(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
@@ -334,8 +345,9 @@ def main() -> None:
     engines = {}
     for name in variants:
         engines[name] = start_engine(args.engine, model, tok, folder)
-        for _, replica in getattr(engines[name], "replicas", []):
-            replica.single_call = VARIANTS[name]
+        if not VARIANTS[name]:
+            for _, replica in getattr(engines[name], "replicas", []):
+                collect_stream(replica)
     timed = TimedEngine(engines[variants[0]])
     sampling = SamplingParams(max_tokens=args.max_tokens, stop_token_ids=())
     proxy = Proxy(timed, ProxySection(), sampling=SamplingParams(max_tokens=args.max_tokens))

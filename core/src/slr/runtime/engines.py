@@ -47,7 +47,6 @@ from slr.contracts import (
     GenerationChunk,
     SamplingParams,
     UpdateMode,
-    collect,
 )
 from slr.contracts.engine import ChunkCollector
 from slr.contracts.weights import portable
@@ -294,8 +293,6 @@ class RayEngine:
         self._connection = connection
         self._published: tuple[Any, int] | None = None  # (object ref, version) last pushed
         self._closed = False
-        # False: ``generate`` collects the stream, as before it was one call (benchmarks only)
-        self.single_call = True
 
     @property
     def tokenizer(self) -> Any:
@@ -360,8 +357,6 @@ class RayEngine:
         import ray
         from ray.exceptions import RayError
 
-        if not self.single_call:
-            return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
         if self._closed:
             raise EngineUnavailable(f"engine replica {self.name} is closed")
         ref = self.actor.generate.remote([int(t) for t in prompt_ids], sampling, session_id)
