@@ -9,6 +9,7 @@ worker mid-trial with ``ray.kill``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -43,15 +44,15 @@ def tasks(tmp_path_factory):
     return {"hello": load_task(root / "hello-world"), "slow": load_task(slow), "root": root}
 
 
-def worker_config(tmp: Path, root: Path, workers: int = 2):
+def worker_config(tmp: Path, root: Path, workers: int = 2, pool_size: int = 0, resources=None):
     data = {
         "run": {
             "runs_dir": str(tmp / "runs"),
             "rollout_workers": workers,
-            "worker_resources": {"sandbox": 1},
+            "worker_resources": {"sandbox": 1} if resources is None else resources,
         },
         "tasks": {"path": str(root)},
-        "rollout": {"concurrency": 4},
+        "rollout": {"concurrency": 4, "pool_size": pool_size},
         "agent": {"name": "oracle"},
         "backend": {"name": "local", "workspace_dir": str(tmp / "ws")},
     }
@@ -60,11 +61,10 @@ def worker_config(tmp: Path, root: Path, workers: int = 2):
     )
 
 
-@pytest.fixture(scope="module")
-def pool_and_session(ray_cluster, tasks, tmp_path_factory):
+@contextlib.contextmanager
+def started_pool(tmp: Path, tasks, *, pool_size: int = 0, resources=None):
     """A run directory, the driver's session (no proxy, no sandboxes) and two workers."""
-    tmp = tmp_path_factory.mktemp("workers")
-    config = worker_config(tmp, tasks["root"])
+    config = worker_config(tmp, tasks["root"], pool_size=pool_size, resources=resources)
     run = RunDir.create(config.run.runs_dir, "workers", config.to_toml())
     loop = asyncio.new_event_loop()
     agent = get_plugin_manager().get("agent", "oracle").create()
@@ -75,11 +75,19 @@ def pool_and_session(ray_cluster, tasks, tmp_path_factory):
     pool = loop.run_until_complete(
         start_rollout_workers(config, session, replicas=[], tasks=[tasks["hello"], tasks["slow"]])
     )
-    yield loop, pool, session, run
-    loop.run_until_complete(pool.close())
-    loop.run_until_complete(session.__aexit__(None, None, None))
-    loop.close()
-    run.close()
+    try:
+        yield loop, pool, session, run
+    finally:
+        loop.run_until_complete(pool.close())
+        loop.run_until_complete(session.__aexit__(None, None, None))
+        loop.close()
+        run.close()
+
+
+@pytest.fixture(scope="module")
+def pool_and_session(ray_cluster, tasks, tmp_path_factory):
+    with started_pool(tmp_path_factory.mktemp("workers"), tasks) as started:
+        yield started
 
 
 def test_workers_run_on_the_sandbox_node_and_the_driver_records(
@@ -174,6 +182,38 @@ def test_a_worker_killed_mid_trial_is_an_infrastructure_failure_and_the_trial_re
     before = set(run.trial_ids())
     assert loop.run_until_complete(pool.run_one(spec)) == result
     assert set(run.trial_ids()) == before
+
+
+def test_announced_trials_take_warm_sandboxes_on_the_workers_told_of_them(
+    ray_cluster, tasks, tmp_path
+):
+    """``[rollout] pool_size`` with rollout workers: the trials a loop announces are placed
+    on the workers at once, each worker's pool starts their sandboxes, and each trial then
+    runs where its sandbox is warm. A trial nobody announced starts its sandbox cold.
+    (No ``sandbox`` resource asked: the module's two workers hold the node's two.)"""
+    with started_pool(tmp_path, tasks, pool_size=2, resources={}) as (loop, pool, _, run):
+        specs = [
+            TrialSpec(task=tasks["hello"], trial_id=f"p-hello-{k}", group_id="p-hello", step=1)
+            for k in range(4)
+        ]
+
+        async def announce():  # as the loops do: from inside the running event loop
+            pool.expect(specs)
+
+        loop.run_until_complete(announce())
+        assert sorted(w.placed for w in pool.workers) == [2, 2]  # balanced, before any runs
+        results = loop.run_until_complete(pool.run(specs))
+        for r in results:
+            assert r.termination == TerminationReason.COMPLETED, r.error
+            assert r.reward is not None and r.reward.value == 1.0
+            assert r.costs is not None and r.costs.pool_start_s is not None, r.trial_id
+            assert run.trial(r.trial_id) == r
+        assert all(w.placed == 0 for w in pool.workers)
+        cold = loop.run_until_complete(
+            pool.run_one(TrialSpec(task=tasks["hello"], trial_id="p-cold", group_id="p-cold"))
+        )
+        assert cold.costs is not None and cold.costs.pool_start_s is None
+        assert cold.reward is not None and cold.reward.value == 1.0
 
 
 def test_an_async_resume_counts_the_retry_in_place_of_the_lost_trial(tasks, tmp_path):

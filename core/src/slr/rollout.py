@@ -236,6 +236,14 @@ class Rollout:
             return self._weights_version()
         return None if self.engine is None else self.engine.weights_version
 
+    def announce(self, specs: Sequence[TrialSpec]) -> None:
+        """Trials this process is about to run, in order: with a warm pool
+        (``rollout.pool_size``) their sandboxes start now; without one this does nothing.
+        (A rollout worker is told this by the driver's pool, which knows what comes next.)"""
+        self._require_entered()
+        if isinstance(self.backend, SandboxPool) and specs:
+            self.backend.expect([s.task for s in specs])
+
     def _require_entered(self) -> None:
         if self._stack is None or self.sessions is None:
             raise RuntimeError(f"{type(self).__name__} runs trials only inside `async with` it")
@@ -291,7 +299,7 @@ class RolloutSession(Rollout):
             raise ValueError(f"trial ids must be unique within a run; given twice: {twice}")
         recorded = self.run_dir.trial_ids()
         todo = [s for s in specs if s.trial_id not in recorded]
-        self._announce(todo)
+        self.announce(todo)
         jobs = [self._job(s) for s in todo]
         finished = await run_trials(jobs, concurrency=self.config.rollout.concurrency, label=label)
         done = {r.trial_id: r for r in finished}
@@ -305,11 +313,7 @@ class RolloutSession(Rollout):
         Without a pool this does nothing. ``run`` announces its own specs.
         """
         self._require_entered()
-        self._announce([s for s in specs if not self.run_dir.has_trial(s.trial_id)])
-
-    def _announce(self, specs: Sequence[TrialSpec]) -> None:
-        if isinstance(self.backend, SandboxPool) and specs:
-            self.backend.expect([s.task for s in specs])
+        self.announce([s for s in specs if not self.run_dir.has_trial(s.trial_id)])
 
     async def run_one(self, spec: TrialSpec) -> TrialResult:
         """Run one spec and record it (or read back its record); see ``TrialRunner``."""

@@ -11,9 +11,16 @@ to the engines, never through the driver.
 A worker writes nothing. ``run_one(spec, version)`` runs one trial (``slr.rollout.Rollout``)
 and returns its ``TrialResult`` and its proxy transcript; many calls may be in flight on one
 worker. A call the driver cancels (an async run's trials in flight when it ends) cancels the
-worker's task, and the trial is not recorded, as in the driver. ``RolloutPool`` is the driver-side ``TrialRunner``: it sends each spec to the
-least-loaded live worker and records what comes back through the run's ``RolloutSession``
-(``record``), so the coordinator is the run directory's only writer.
+worker's task, and the trial is not recorded, as in the driver. ``RolloutPool`` is the
+driver-side ``TrialRunner``: it sends each spec to the least-loaded live worker and records
+what comes back through the run's ``RolloutSession`` (``record``), so the coordinator is the
+run directory's only writer.
+
+Warm pools: with ``[rollout] pool_size = N`` every worker keeps up to N sandboxes warm (its
+own ``SandboxPool``). The trials the loop announces (``expect``) are placed on workers at
+once, the least-loaded first (trials running plus trials placed), and each worker is told
+its share, so its pool starts those sandboxes ahead of need; ``run_one`` then sends a placed
+trial to the worker holding its sandbox (or, if that worker is gone, to the least-loaded).
 
 A worker that dies mid-trial (its process killed, its node lost): each of its trials is
 recorded as ``worker_lost``, an infrastructure failure (excluded from the loss, never
@@ -123,6 +130,10 @@ class RolloutWorker:
         """One trial, not recorded: its result and its proxy transcript."""
         return await self.rollout.execute(spec, weights_version=weights_version)
 
+    async def expect(self, specs: Sequence[TrialSpec]) -> None:
+        """Trials the driver will send here next: the warm pool starts their sandboxes."""
+        self.rollout.announce(specs)
+
     async def close(self) -> None:
         if self._entered:
             self._entered = False
@@ -135,7 +146,8 @@ class _Worker:
     actor: Any
     node_id: str
     pid: int
-    load: int = 0
+    load: int = 0  # trials running on it
+    placed: int = 0  # trials announced for it (``RolloutPool.expect``), not yet sent
     alive: bool = True
 
 
@@ -158,6 +170,8 @@ class RolloutPool:
         self.session = session
         self._connection = connection
         self.lost_trials = 0
+        self._placed: dict[str, _Worker] = {}  # trial id -> the worker told to expect it
+        self._hints: set[asyncio.Task] = set()
 
     # -- TrialRunner ------------------------------------------------------------------------
 
@@ -180,9 +194,43 @@ class RolloutPool:
         return result
 
     def expect(self, specs: Sequence[TrialSpec]) -> None:
-        """A hint the pool does not use yet: each worker keeps its own backend, and the
-        workers' warm sandbox pools are not told which trials come next (they start no
-        sandbox ahead; ``[rollout] pool_size`` has no effect with rollout workers)."""
+        """Place the trials about to run on workers and tell each worker its share, so its
+        warm pool (``[rollout] pool_size``) starts their sandboxes now; see ``TrialRunner``.
+
+        Trials already recorded or already placed are left out. A hint only: a worker that
+        cannot be told is logged, and its trials still run (``run_one`` re-places them).
+        Without a pool nothing is placed: each trial goes to the least-loaded worker when it
+        starts."""
+        if not self.session.config.rollout.pool_size:
+            return
+        run_dir = self.session.run_dir
+        shares: dict[str, tuple[_Worker, list[TrialSpec]]] = {}
+        for spec in specs:
+            if spec.trial_id in self._placed or run_dir.has_trial(spec.trial_id):
+                continue
+            live = self.live()
+            if not live:
+                break
+            worker = min(live, key=lambda w: w.load + w.placed)
+            worker.placed += 1
+            self._placed[spec.trial_id] = worker
+            shares.setdefault(worker.name, (worker, []))[1].append(spec)
+        for worker, share in shares.values():
+            hint = asyncio.get_running_loop().create_task(self._tell(worker, share))
+            self._hints.add(hint)
+            hint.add_done_callback(self._hints.discard)
+
+    async def _tell(self, worker: _Worker, specs: list[TrialSpec]) -> None:
+        from ray.exceptions import RayError
+
+        try:
+            await worker.actor.expect.remote(specs)
+        except RayError as exc:  # a dead worker: its trials are re-placed when they run
+            log.info(
+                "a rollout worker was not told its next trials",
+                worker=worker.name,
+                error=_first_line(exc),
+            )
 
     async def run(
         self, specs: Sequence[TrialSpec], *, label: str | None = None
@@ -201,6 +249,7 @@ class RolloutPool:
 
         if label:
             log.info("rollout", label=label, trials=len(specs), workers=len(self.live()))
+        self.expect(specs)
         return list(await asyncio.gather(*(one(s) for s in specs)))
 
     # -- workers ----------------------------------------------------------------------------
@@ -208,7 +257,16 @@ class RolloutPool:
     def live(self) -> list[_Worker]:
         return [w for w in self.workers if w.alive]
 
-    def _pick(self) -> _Worker:
+    def _pick(self, spec: TrialSpec) -> _Worker:
+        """The worker told to expect ``spec`` (its sandbox is warm there), unless that worker
+        is gone or runs more than one trial more than the least-loaded one (its trials took
+        longer: balance wins over a warm sandbox); else the least-loaded."""
+        placed = self._placed.pop(spec.trial_id, None)
+        if placed is not None:
+            placed.placed -= 1
+            live = self.live()
+            if placed.alive and placed.load <= min(w.load for w in live) + 1:
+                return placed
         live = self.live()
         if not live:
             raise NoWorkersLeft(
@@ -221,7 +279,7 @@ class RolloutPool:
         import ray
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-        worker = self._pick()
+        worker = self._pick(spec)
         version = self.session.weights_version()
         worker.load += 1
         call = worker.actor.run_one.remote(spec, version)
@@ -274,6 +332,8 @@ class RolloutPool:
         live = self.live()
         for w in self.workers:
             w.alive = False
+        for hint in list(self._hints):
+            hint.cancel()
         results = await asyncio.gather(
             *(asyncio.wait_for(w.actor.close.remote(), 60) for w in live),
             return_exceptions=True,
