@@ -3,6 +3,7 @@
     .venv/bin/python bench/async_vs_sync.py --quick          # minutes: tiny model, oracle
     .venv/bin/python bench/async_vs_sync.py                  # the CPU quickstart, twice (hours)
     .venv/bin/python bench/async_vs_sync.py --quick --only long-tail --json out.json
+    .venv/bin/python bench/async_vs_sync.py --only quickstart --seeds 0 1 2   # 3 runs a mode
 
 Two task sets, each trained twice (``run.mode = "sync"`` then ``"async"``) with the same
 config, model and number of trained trials (``steps`` x ``tasks_per_step`` x ``n_per_task``):
@@ -17,6 +18,10 @@ config, model and number of trained trials (``steps`` x ``tasks_per_step`` x ``n
    longer. The synchronous loop waits for the slowest trial of every step, and its trials
    run their phases in lockstep (all CPU at once, then all waiting); the asynchronous one
    keeps its slots busy. Goal: >= 2x trials per hour.
+
+``--seeds`` trains each mode once per seed (``[run] seed``; the async loop's timing makes
+even one seed differ from run to run): one run per mode is one sample of a noisy learning
+curve, so the pass rates are compared as means over the seeds, with their spread.
 
 Reported per run: wall time, the loop's own time (the steps, without start-up), trials per
 hour (trained trials / wall, and / loop time), the first step at which a 3-step moving
@@ -64,12 +69,19 @@ def long_tail_tasks(folder: Path, *, count: int, short_s: float) -> Path:
     return folder
 
 
-def config_data(args: argparse.Namespace, tasks: Path, runs: Path, mode: str, *, quick: bool):
+def config_data(
+    args: argparse.Namespace, tasks: Path, runs: Path, mode: str, *, quick: bool, seed: int = 0
+):
     import tomllib
 
     data = tomllib.loads((QUICKSTART / "slr.toml").read_text())
     data["run"].update(
-        name=mode, runs_dir=str(runs), steps=args.steps, mode=mode, checkpoint_every=args.steps
+        name=mode,
+        runs_dir=str(runs),
+        steps=args.steps,
+        mode=mode,
+        checkpoint_every=args.steps,
+        seed=seed,
     )
     data["tasks"] = {"path": str(tasks)}
     data["rollout"]["max_staleness"] = args.max_staleness
@@ -120,10 +132,13 @@ def heldout_pass1(run: RunDir, out: Path) -> float | None:
         return None
 
 
-def one(args, name: str, tasks: Path, mode: str, work: Path, *, quick: bool) -> dict[str, Any]:
-    runs = work / name / mode
+def one(
+    args, name: str, tasks: Path, mode: str, work: Path, *, quick: bool, seed: int = 0
+) -> dict[str, Any]:
+    runs = work / name / f"{mode}-s{seed}"
     cfg = load_config(
-        data=config_data(args, tasks, runs, mode, quick=quick), plugins=get_plugin_manager()
+        data=config_data(args, tasks, runs, mode, quick=quick, seed=seed),
+        plugins=get_plugin_manager(),
     )
     t0 = time.monotonic()
     run = train(cfg)
@@ -141,10 +156,11 @@ def one(args, name: str, tasks: Path, mode: str, work: Path, *, quick: bool) -> 
     }
     pass1 = None
     if name == "quickstart" and not quick:
-        pass1 = heldout_pass1(run, work / name / f"eval-{mode}")
+        pass1 = heldout_pass1(run, work / name / f"eval-{mode}-s{seed}")
     return {
         "set": name,
         "mode": mode,
+        "seed": seed,
         "wall_s": wall,
         "loop_s": loop_s,
         "trials_trained": trained,
@@ -161,6 +177,23 @@ def one(args, name: str, tasks: Path, mode: str, work: Path, *, quick: bool) -> 
     }
 
 
+MODES = ("sync", "async")
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's runs (one per seed): means, and the held-out pass@1's range."""
+    mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    passes = [r["heldout_pass1"] for r in rows if r["heldout_pass1"] is not None]
+    return {
+        "runs": len(rows),
+        "trials_per_hour": mean("trials_per_hour"),
+        "loop_s": mean("loop_s"),
+        "reached": sum(r["reach_step"] is not None for r in rows),
+        "heldout_pass1": sum(passes) / len(passes) if passes else None,
+        "heldout_pass1_range": (f"{min(passes):.2f}-{max(passes):.2f}" if passes else None),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny model + oracle agent")
@@ -168,6 +201,9 @@ def main() -> None:
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--tail-short-s", type=float, default=0.3, help="a short tool wait")
     ap.add_argument("--only", choices=["quickstart", "long-tail"], default=None)
+    ap.add_argument(
+        "--seeds", type=int, nargs="+", default=[0], help="train each mode once per seed"
+    )
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args()
     # quick: 8 steps, since with max_staleness = 1 the async loop overlaps at most two
@@ -189,17 +225,18 @@ def main() -> None:
         for name, tasks in sets.items():
             if args.only and name != args.only:
                 continue
-            for mode in ("sync", "async"):
-                rows.append(one(args, name, tasks, mode, work, quick=args.quick))
+            for seed in args.seeds:
+                for mode in ("sync", "async"):
+                    rows.append(one(args, name, tasks, mode, work, quick=args.quick, seed=seed))
     print(
-        f"{'set':<11} {'mode':<6} {'wall s':>7} {'loop s':>7} {'trials':>6} {'trials/h':>9} "
+        f"{'set':<11} {'mode':<6} {'seed':>4} {'wall s':>7} {'loop s':>7} {'trials':>6} {'trials/h':>9} "
         f"{'loop t/h':>9} {'reach step':>10} {'reach s':>8} {'pass@1':>7} {'wait trn':>8} "
         f"{'wait adm':>8} {'update':>7}"
     )
     for r in rows:
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         print(
-            f"{r['set']:<11} {r['mode']:<6} {r['wall_s']:>7.1f} {r['loop_s']:>7.1f} "
+            f"{r['set']:<11} {r['mode']:<6} {r['seed']:>4} {r['wall_s']:>7.1f} {r['loop_s']:>7.1f} "
             f"{r['trials_trained']:>6} {r['trials_per_hour']:>9.0f} "
             f"{fmt(r['loop_trials_per_hour'], '.0f'):>9} {fmt(r['reach_step'], 'd'):>10} "
             f"{fmt(r['reach_s'], '.1f'):>8} {fmt(r['heldout_pass1'], '.2f'):>7} "
@@ -208,25 +245,37 @@ def main() -> None:
     phases = sorted({k for r in rows for k in r["trial_wall_by_phase_s"]})
     if phases:
         print("\nmean wall time per trial by phase (s):")
-        print(f"{'set':<11} {'mode':<6} " + " ".join(f"{p[:-2]:>14}" for p in phases))
+        print(f"{'set':<11} {'mode':<6} {'seed':>4} " + " ".join(f"{p[:-2]:>14}" for p in phases))
         for r in rows:
             by = r["trial_wall_by_phase_s"]
             cells = " ".join(f"{by.get(p, 0.0):>14.2f}" for p in phases)
-            print(f"{r['set']:<11} {r['mode']:<6} {cells}")
-    ratios, loop_ratios = {}, {}
+            print(f"{r['set']:<11} {r['mode']:<6} {r['seed']:>4} {cells}")
+    ratios, loop_ratios, means = {}, {}, {}
     for name in sorted({r["set"] for r in rows}):
-        by = {r["mode"]: r for r in rows if r["set"] == name}
-        if len(by) == 2:
-            ratios[name] = by["async"]["trials_per_hour"] / by["sync"]["trials_per_hour"]
-            loop_ratios[name] = by["sync"]["loop_s"] / by["async"]["loop_s"]
+        per_mode = {m: [r for r in rows if r["set"] == name and r["mode"] == m] for m in MODES}
+        if not all(per_mode.values()):
+            continue
+        means[name] = {m: summary(rs) for m, rs in per_mode.items()}
+        sync, asyn = means[name]["sync"], means[name]["async"]
+        ratios[name] = asyn["trials_per_hour"] / sync["trials_per_hour"]
+        loop_ratios[name] = sync["loop_s"] / asyn["loop_s"]
+        print(
+            f"{name}: async / sync trials per hour = {ratios[name]:.2f}x "
+            f"(loop time only: {loop_ratios[name]:.2f}x), means over {len(args.seeds)} seed(s)"
+        )
+        if sync["heldout_pass1"] is not None and asyn["heldout_pass1"] is not None:
             print(
-                f"{name}: async / sync trials per hour = {ratios[name]:.2f}x "
-                f"(loop time only: {loop_ratios[name]:.2f}x)"
+                f"{name}: held-out pass@1 sync {sync['heldout_pass1']:.3f} "
+                f"(min-max {sync['heldout_pass1_range']}) vs async {asyn['heldout_pass1']:.3f} "
+                f"(min-max {asyn['heldout_pass1_range']}): "
+                f"difference {asyn['heldout_pass1'] - sync['heldout_pass1']:+.3f}"
             )
     result = {
         "rows": rows,
         "async_over_sync_trials_per_hour": ratios,
         "async_over_sync_loop_trials_per_hour": loop_ratios,
+        "means": means,
+        "seeds": args.seeds,
         "quick": args.quick,
         "steps": args.steps,
         "max_staleness": args.max_staleness,
