@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from slr_engine_hf.batch import Batch, GrowingLayer, make_cache, prefill
+from slr_engine_hf.batch import Batch, GrowingLayer, make_cache
+from slr_engine_hf.prefill import prefill
 from slr_engine_hf.sampling import new_generator, sample_rows
 
 from slr.contracts import SamplingParams

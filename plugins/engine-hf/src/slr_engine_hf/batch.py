@@ -2,9 +2,10 @@
 
 The cache the decode steps run on grows in place (``GrowingLayer``): a step writes each
 row's new key and value into a free slot instead of copying the whole cache to append them.
-Sequences join and leave at any step. Joining prefills the newcomer alone (no padding in
-its forward pass) and then pads either it or the batch on the left so the caches line up,
-inserting it where the rows stay ordered longest first (sessions that join together cost one
+Sequences join and leave at any step. A newcomer joins with the keys and values of its
+prompt but the last token (``slr_engine_hf.prefill`` computes them, many prompts in one
+forward pass); it or the batch is padded on the left so the caches line up, and it is
+inserted where the rows stay ordered longest first (sessions that join together cost one
 rebuild of the batch, not one each);
 leaving drops its row and trims columns that only padding still uses. Between those
 events every step feeds one token per row through one forward pass, with per-row
@@ -99,28 +100,38 @@ def make_decode_cache(kv: KV) -> DynamicCache:
     return cache
 
 
-def _forward(
-    model: PreTrainedModel, cache: DynamicCache, routing_k: int, **inputs: Any
-) -> tuple[torch.Tensor, DynamicCache, torch.Tensor | None]:
+def forward_with_cache(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    routing_k: int,
+    *,
+    logits: bool = True,
+    **inputs: Any,
+) -> tuple[torch.Tensor | None, DynamicCache, torch.Tensor | None]:
     """One forward pass with a cache: (logits, cache, routing). ``routing`` is None unless
     ``routing_k`` > 0: then the top-``routing_k`` expert ids of every MoE layer for every
-    token fed, [tokens (row-major over batch x sequence), layers, k]. transformers renamed
-    the ``past_key_values`` argument to ``cache``; both spellings are accepted."""
-    if not routing_k:
+    token fed, [tokens (row-major over batch x sequence), layers, k]. Without ``logits``
+    only the decoder runs (no output head: a prefill that only wants keys and values
+    skips a [tokens, vocab] matmul). transformers renamed the ``past_key_values`` argument
+    to ``cache``; both spellings are accepted."""
+    if not routing_k and logits:
         out = model(**inputs, **{_cache_arg(model): cache}, use_cache=True)
         return out.logits, _cache_of(out), None
     # The causal-LM wrapper would also compute the router's auxiliary loss, which assumes
     # the attention mask covers only the tokens fed (not the cache); run the decoder and
     # the output head directly instead (the same computation as the wrapper's logits).
     decoder = getattr(model, model.base_model_prefix)
-    out = decoder(
-        **inputs, **{_cache_arg(decoder): cache}, use_cache=True, output_router_logits=True
-    )
-    head = model.get_output_embeddings()
-    assert head is not None  # a causal LM has its output head
-    logits = head(out.last_hidden_state)
+    extra = {"output_router_logits": True} if routing_k else {}
+    out = decoder(**inputs, **{_cache_arg(decoder): cache}, use_cache=True, **extra)
+    scores = None
+    if logits:
+        head = model.get_output_embeddings()
+        assert head is not None  # a causal LM has its output head
+        scores = head(out.last_hidden_state)
+    if not routing_k:
+        return scores, _cache_of(out), None
     per_layer = [r.topk(routing_k, dim=-1).indices for r in out["router_logits"]]
-    return logits, _cache_of(out), torch.stack(per_layer, dim=1).to("cpu")
+    return scores, _cache_of(out), torch.stack(per_layer, dim=1).to("cpu")
 
 
 def _cache_arg(module: torch.nn.Module) -> str:
@@ -286,7 +297,8 @@ class Batch:
             assert self._kv is not None
             self._cache = make_decode_cache(self._kv)
             self._kv = None
-        logits, cache, routing = _forward(
+        attention: dict[str, Any] = {PLAN_KWARG: plan}
+        logits, cache, routing = forward_with_cache(
             model,
             self._cache,
             routing_k,
@@ -294,41 +306,8 @@ class Batch:
             attention_mask=mask,
             position_ids=position_ids,
             cache_position=torch.tensor([width], dtype=torch.long, device=device),
-            **{PLAN_KWARG: plan},
+            **attention,
         )
+        assert logits is not None  # asked for
         self._cache, self.mask = cache, mask
         return logits[:, -1].float(), routing
-
-
-@torch.inference_mode()
-def prefill(
-    model: PreTrainedModel,
-    token_ids: Sequence[int],
-    prefix: KV | None,
-    prefix_len: int,
-    routing_k: int = 0,
-    *,
-    every_position: bool = False,
-) -> tuple[torch.Tensor, KV, torch.Tensor | None]:
-    """Run one sequence's uncached tokens; returns the last logits [vocab] (with
-    ``every_position``: the logits after each token run, [tokens, vocab]), its KV and,
-    with ``routing_k``, the expert ids of the tokens run [tokens, layers, k]."""
-    device = next(model.parameters()).device
-    new = list(token_ids[prefix_len:])
-    input_ids = torch.tensor([new], dtype=torch.long, device=device)
-    positions = torch.arange(prefix_len, len(token_ids), device=device)
-    cache = (
-        make_cache([(k[:, :, :prefix_len], v[:, :, :prefix_len]) for k, v in prefix])
-        if (prefix is not None and prefix_len > 0)
-        else DynamicCache()
-    )
-    logits, cache, routing = _forward(
-        model,
-        cache,
-        routing_k,
-        input_ids=input_ids,
-        position_ids=positions.unsqueeze(0),
-        cache_position=positions,
-    )
-    out = logits[0].float() if every_position else logits[0, -1].float()
-    return out, cache_tensors(cache), routing
