@@ -189,3 +189,17 @@ def test_plan_passes_keeps_short_rows_apart_from_a_long_one():
     for group in plan_passes(sizes):
         assert len(group) == 1 or len(group) * max(sizes[i] for i in group) <= PASS_TOKENS
     assert plan_passes([]) == []
+
+
+def test_defer_shared_holds_back_what_another_prompt_is_about_to_cache():
+    from slr_engine_hf.prefill import PASS_COST, defer_shared
+
+    same = list(range(100, 110))
+    # the same prompt three times: two wait, then find it all cached (no pass at all)
+    assert defer_shared([same, same, same], [0, 0, 0]) == [False, True, True]
+    # a few shared tokens are not worth a pass; already cached ones save nothing
+    small = PASS_COST // 2
+    assert defer_shared([[*same[:small], 1, 2], [*same[:small], 3, 4]], [0, 0]) == [False, False]
+    long = list(range(200, 200 + 2 * PASS_COST))
+    assert defer_shared([[*long, 1], [*long, 2]], [0, 0]) == [False, True]
+    assert defer_shared([[*long, 1], [*long, 2]], [len(long)] * 2) == [False, False]

@@ -42,9 +42,6 @@ PASS_TOKENS = 4096
 #: What one more pass costs, in tokens fed: on CPU a pass reads every weight once (a 1-token
 #: pass of SmolLM2-135M is ~45 ms, each token fed in a large pass ~3 ms: about 16 tokens).
 PASS_COST = 16
-#: Shared uncached tokens worth waiting one pass for (``defer_shared``): below this, the
-#: prompts compute the shared part each rather than wait for the prefix cache.
-SHARED_MIN = 16
 
 #: One prompt to prefill: (token ids whose keys and values are wanted, the cached prefix's
 #: KV or None, how many leading tokens that prefix covers).
@@ -154,22 +151,26 @@ def plan_passes(uncached: Sequence[int]) -> list[list[int]]:
 
 
 def defer_shared(prompts: Sequence[Sequence[int]], cached: Sequence[int]) -> list[bool]:
-    """Which prompts should wait for the others' prefills: True where a prompt shares at
-    least ``SHARED_MIN`` tokens beyond its cached prefix (``cached``) with another prompt
-    that goes first. That one's keys and values go into the prefix cache after its pass,
-    and the waiting prompt reuses them in a later pass instead of computing them again.
+    """Which prompts should wait for the others' prefills: those that share tokens beyond
+    their cached prefix (``cached``) with a prompt that goes first, when what they would
+    save together is worth one more pass (``PASS_COST`` tokens). The first one's keys and
+    values go into the prefix cache after its pass, and the waiting prompts reuse them a
+    pass later instead of each computing them again; a prompt whose tokens but the last
+    are then all cached (the same prompt twice) needs no pass at all. Waiting delays no
+    first token: every pass of an admission runs before the next decode step.
 
     Sorted, a prompt's longest common prefix with any prompt before it is the one with its
-    neighbour, so one comparison each finds them; a prompt that shares with a deferred
+    neighbour, so one comparison each finds them; a prompt that shares with a waiting
     neighbour waits too (a later pass finds the shared part cached all the same)."""
     order = sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
-    defer = [False] * len(prompts)
+    saved = [0] * len(prompts)
     for before, i in itertools.pairwise(order):
         # what the earlier one's prefill puts in the cache: its tokens but the last
         shared = min(_common_prefix(prompts[before], prompts[i]), len(prompts[before]) - 1)
         shared = min(shared, len(prompts[i]) - 1)  # what a match can reuse
-        defer[i] = shared - cached[i] >= SHARED_MIN
-    return defer
+        saved[i] = max(0, shared - cached[i])
+    worth = sum(saved) >= PASS_COST
+    return [worth and s > 0 for s in saved]
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
