@@ -7,7 +7,7 @@ prompt but the last token (``slr_engine_hf.prefill`` computes them, many prompts
 forward pass); it or the batch is padded on the left so the caches line up, and it is
 inserted where the rows stay ordered longest first (sessions that join together cost one
 rebuild of the batch, not one each);
-leaving drops its row and trims columns that only padding still uses. Between those
+leaving drops its row, moving the rows after it down in place. Between those
 events every step feeds one token per row through one forward pass, with per-row
 position ids and an attention mask that hides the padding, so a row computes exactly what
 it would compute alone (up to float summation order). The step's attention
@@ -18,6 +18,7 @@ similar length only over the columns its longest row uses.
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +90,16 @@ class GrowingLayer(DynamicLayer):
         self._v[:, :, self._len : end] = value_states
         self._len = end
         return self._views()
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (strictly increasing), moved down in place: a row moves only
+        when one before it left, and only its filled columns are copied."""
+        for i, row in enumerate(rows):
+            if i != row:
+                self._k[i, :, : self._len] = self._k[row, :, : self._len]
+                self._v[i, :, : self._len] = self._v[row, :, : self._len]
+        self._k, self._v = self._k[: len(rows)], self._v[: len(rows)]
+        self._views()
 
 
 def make_decode_cache(kv: KV) -> DynamicCache:
@@ -197,8 +208,15 @@ class Batch:
 
     @property
     def width(self) -> int:
-        # every row is left-padded to the longest one, and columns only padding uses go
+        # every row is left-padded to the longest one (the cache may hold more columns
+        # after rows left: ``columns``)
         return max(self.lengths, default=0)
+
+    @property
+    def columns(self) -> int:
+        """Columns of the cache: ``width``, or more while columns that only rows which
+        left used are still there (``keep`` in place; the next join trims them)."""
+        return 0 if self._mask is None else int(self._mask.shape[1])
 
     def add(self, kv: KV) -> int:
         """Insert one sequence (batch dim 1, no padding); returns its row.
@@ -222,8 +240,10 @@ class Batch:
         if parts is None:
             return
         old = cache_tensors(self._cache) if self._cache is not None else self._kv
-        old_width = 0 if self._mask is None else int(self._mask.shape[1])
         width = self.width
+        # an old row's last columns hold all its tokens; columns beyond ``width`` (left
+        # by rows that left) are padding everywhere and are dropped here
+        old_width = min(self.columns, width)
         joined = next(p for p in parts if not isinstance(p, int))  # shapes and device
         merged: KV = []
         for layer in range(len(joined)):
@@ -234,7 +254,9 @@ class Batch:
                 for i, part in enumerate(parts):
                     if isinstance(part, int):
                         assert old is not None
-                        out[i, :, width - old_width :] = old[layer][which][part]
+                        out[i, :, width - old_width :] = old[layer][which][
+                            part, :, old[layer][which].shape[2] - old_width :
+                        ]
                     else:
                         t = part[layer][which]
                         out[i, :, width - t.shape[2] :] = t[0]
@@ -256,12 +278,29 @@ class Batch:
             for k, v in tensors
         ]
 
+    @torch.inference_mode()  # the decode cache's tensors are inference tensors
     def keep(self, rows: Sequence[int]) -> None:
-        """Keep only ``rows`` (in that order); drop columns that are padding everywhere."""
+        """Keep only ``rows`` (in that order).
+
+        On the decode cache, rows in their order (rows that finished or were cancelled
+        leave) move down in place: a leave copies only the rows after it, once, and the
+        cache keeps its columns (a bucket attends only over its own rows' columns, so
+        padding on the left costs no attention; the next join drops it). Otherwise the
+        batch is rebuilt without the columns that are padding everywhere."""
         self._merge()
         self.lengths = [self.lengths[r] for r in rows]
         if not rows:
             self.kv, self.mask = None, None
+            return
+        layers = self._cache.layers if self._cache is not None else []
+        ordered = all(a < b for a, b in itertools.pairwise(rows))
+        if ordered and layers and all(isinstance(x, GrowingLayer) for x in layers):
+            assert self._mask is not None
+            for layer in layers:
+                assert isinstance(layer, GrowingLayer)
+                layer.keep_rows(rows)
+            index = torch.tensor(list(rows), dtype=torch.long, device=self._mask.device)
+            self._mask = self._mask.index_select(0, index)
             return
         assert self.kv is not None and self.mask is not None
         index = torch.tensor(list(rows), dtype=torch.long, device=self.mask.device)
@@ -289,7 +328,7 @@ class Batch:
         device = self.mask.device
         input_ids = torch.tensor([[t] for t in next_tokens], dtype=torch.long, device=device)
         position_ids = torch.tensor([[p] for p in positions], dtype=torch.long, device=device)
-        width = self.width  # the cache's columns before this step's token
+        width = self.columns  # the cache's columns before this step's token
         mask = torch.cat([self.mask, self.mask.new_ones((self.size, 1))], dim=1)
         self.lengths = [n + 1 for n in self.lengths]
         plan = DecodePlan.for_lengths(self.lengths, width + 1)
