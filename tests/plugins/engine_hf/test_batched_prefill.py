@@ -194,7 +194,7 @@ def test_plan_passes_keeps_short_rows_apart_from_a_long_one():
 def test_defer_shared_holds_back_what_another_prompt_is_about_to_cache():
     from slr_engine_hf.prefill import PASS_COST, defer_shared
 
-    same = list(range(100, 110))
+    same = list(range(100, 100 + PASS_COST))
     # the same prompt three times: two wait, then find it all cached (no pass at all)
     assert defer_shared([same, same, same], [0, 0, 0]) == [False, True, True]
     # a few shared tokens are not worth a pass; already cached ones save nothing

@@ -39,9 +39,9 @@ if TYPE_CHECKING:
 #: Most tokens one pass feeds (rows x the tokens each feeds) unless a single row has more:
 #: bounds a pass's activations and attention scores.
 PASS_TOKENS = 4096
-#: What one more pass costs, in tokens fed: on CPU a pass reads every weight once (a 1-token
-#: pass of SmolLM2-135M is ~45 ms, each token fed in a large pass ~3 ms: about 16 tokens).
-PASS_COST = 16
+#: What one more pass costs, in tokens fed: on CPU a pass reads every weight once (SmolLM2-135M
+#: fp32, one thread: a 1-token pass ~54 ms of CPU, each more token ~2.7 ms: about 20 tokens).
+PASS_COST = 20
 
 #: One prompt to prefill: (token ids whose keys and values are wanted, the cached prefix's
 #: KV or None, how many leading tokens that prefix covers).
