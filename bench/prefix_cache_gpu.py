@@ -37,7 +37,7 @@ def main() -> None:
         str(Path(__file__).resolve().parents[1] / "plugins/engine-hf/src/slr_engine_hf")
     ]
     sys.modules.setdefault("slr_engine_hf", pkg)
-    from slr_engine_hf.batch import prefill
+    from slr_engine_hf.prefill import prefill
     from slr_engine_hf.prefix_cache import RadixPrefixCache
 
     config = Qwen2Config(

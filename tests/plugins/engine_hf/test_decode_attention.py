@@ -8,7 +8,8 @@ import pytest
 import torch
 from slr_engine_hf import tiny
 from slr_engine_hf.attention import NAME, DecodePlan, use_decode_attention
-from slr_engine_hf.batch import Batch, prefill
+from slr_engine_hf.batch import Batch
+from slr_engine_hf.prefill import prefill
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from slr_engine_hf.batch import Batch, GrowingLayer, make_cache, prefill
+from slr_engine_hf.batch import Batch, GrowingLayer, make_cache
+from slr_engine_hf.prefill import prefill
 from slr_engine_hf.sampling import new_generator, sample_rows
 
 from slr.contracts import SamplingParams
@@ -70,3 +71,46 @@ def test_a_batch_samples_each_row_exactly_as_that_row_alone():
         sample_rows(logits[i : i + 1], [p], [new_generator(p.seed)]) for i, p in enumerate(params)
     ]
     assert together == ([t[0][0] for t in alone], [t[1][0] for t in alone])
+
+
+def test_rows_leave_the_growing_cache_in_place_and_the_rest_decode_as_before(tiny_pair):
+    """The longest row and a middle one leave (their columns stay, as padding), a new row
+    joins later (the merge drops them): every step's logits are those of a batch rebuilt
+    from scratch at each change, on transformers' own cache."""
+    model, _ = tiny_pair
+    prompts = [list(range(5, 45)), [12, 13, 14, 15, 16], list(range(60, 72)), [20, 21, 22]]
+    grown, rebuilt = Batch(), Batch()
+    for p in prompts:
+        _, kv, _ = prefill(model, p, None, 0)
+        grown.add(kv)
+        rebuilt.add(kv)
+    assert grown.lengths == [40, 12, 5, 3]
+    fed = [[p[-1]] for p in sorted(prompts, key=len, reverse=True)]
+    positions = sorted(len(p) - 1 for p in prompts)[::-1]
+
+    def step(label):
+        a, _ = grown.step(model, [t[-1] for t in fed], positions)
+        rebuilt._cache = make_cache(rebuilt.kv or [])  # a DynamicLayer cache: rebuilt on keep
+        rebuilt._kv = None
+        b, _ = rebuilt.step(model, [t[-1] for t in fed], positions)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=label)
+        for i, t in enumerate(fed):
+            t.append(int(torch.argmax(a[i])))
+            positions[i] += 1
+
+    step("before")
+    columns = grown.columns
+    for batch in (grown, rebuilt):
+        batch.keep([1, 3])
+    fed, positions = [fed[1], fed[3]], [positions[1], positions[3]]
+    assert grown.columns == columns and rebuilt.columns < columns  # kept in place / trimmed
+    assert isinstance(grown._cache.layers[0], GrowingLayer)  # pyright: ignore[reportOptionalMemberAccess]
+    for i in range(3):
+        step(f"after leaving {i}")
+    _, kv, _ = prefill(model, [30, 31, 32, 33, 34, 35, 36, 37], None, 0)
+    for batch in (grown, rebuilt):
+        assert batch.add(kv) == 1
+    fed.insert(1, [37])
+    positions.insert(1, 7)
+    step("after a join")
+    assert grown.columns == grown.width  # the merge dropped the leftover columns

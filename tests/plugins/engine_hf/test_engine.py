@@ -253,7 +253,7 @@ def test_moe_routing_is_recorded_for_every_token_fed(tiny_pair, reference_logpro
     async def run():
         first, other = await asyncio.gather(
             engine.generate(PROMPT, params, session_id="m"),
-            engine.generate(PROMPT[:11], params, session_id="n"),
+            engine.generate(PROMPT[:21], params, session_id="n"),
         )
         follow = [*PROMPT, *first.token_ids, 77, 78]
         second = await engine.generate(follow, params, session_id="m")
@@ -263,10 +263,10 @@ def test_moe_routing_is_recorded_for_every_token_fed(tiny_pair, reference_logpro
         first, other, follow, second = asyncio.run(run())
     finally:
         asyncio.run(engine.close())
-    # the shared-prefix cache: "n" and "m" share PROMPT[:10] (whichever ran first), and the
+    # the shared-prefix cache: "n" and "m" share PROMPT[:20] (whichever ran first), and the
     # second call of "m" reuses its first call
     assert engine.stats()["prefix_cache_hits"] == 2
-    for prompt, gen in ((PROMPT, first), (PROMPT[:11], other), (follow, second)):
+    for prompt, gen in ((PROMPT, first), (PROMPT[:21], other), (follow, second)):
         fed = [*prompt, *gen.token_ids[:-1]]
         assert len(gen.routed_experts) == len(fed)
         with torch.no_grad():

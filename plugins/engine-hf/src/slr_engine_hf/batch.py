@@ -2,11 +2,12 @@
 
 The cache the decode steps run on grows in place (``GrowingLayer``): a step writes each
 row's new key and value into a free slot instead of copying the whole cache to append them.
-Sequences join and leave at any step. Joining prefills the newcomer alone (no padding in
-its forward pass) and then pads either it or the batch on the left so the caches line up,
-inserting it where the rows stay ordered longest first (sessions that join together cost one
+Sequences join and leave at any step. A newcomer joins with the keys and values of its
+prompt but the last token (``slr_engine_hf.prefill`` computes them, many prompts in one
+forward pass); it or the batch is padded on the left so the caches line up, and it is
+inserted where the rows stay ordered longest first (sessions that join together cost one
 rebuild of the batch, not one each);
-leaving drops its row and trims columns that only padding still uses. Between those
+leaving drops its row, moving the rows after it down in place. Between those
 events every step feeds one token per row through one forward pass, with per-row
 position ids and an attention mask that hides the padding, so a row computes exactly what
 it would compute alone (up to float summation order). The step's attention
@@ -17,6 +18,7 @@ similar length only over the columns its longest row uses.
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +91,16 @@ class GrowingLayer(DynamicLayer):
         self._len = end
         return self._views()
 
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (strictly increasing), moved down in place: a row moves only
+        when one before it left, and only its filled columns are copied."""
+        for i, row in enumerate(rows):
+            if i != row:
+                self._k[i, :, : self._len] = self._k[row, :, : self._len]
+                self._v[i, :, : self._len] = self._v[row, :, : self._len]
+        self._k, self._v = self._k[: len(rows)], self._v[: len(rows)]
+        self._views()
+
 
 def make_decode_cache(kv: KV) -> DynamicCache:
     """The batch's cache for decoding: ``kv`` in ``GrowingLayer`` s."""
@@ -99,28 +111,38 @@ def make_decode_cache(kv: KV) -> DynamicCache:
     return cache
 
 
-def _forward(
-    model: PreTrainedModel, cache: DynamicCache, routing_k: int, **inputs: Any
-) -> tuple[torch.Tensor, DynamicCache, torch.Tensor | None]:
+def forward_with_cache(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    routing_k: int,
+    *,
+    logits: bool = True,
+    **inputs: Any,
+) -> tuple[torch.Tensor | None, DynamicCache, torch.Tensor | None]:
     """One forward pass with a cache: (logits, cache, routing). ``routing`` is None unless
     ``routing_k`` > 0: then the top-``routing_k`` expert ids of every MoE layer for every
-    token fed, [tokens (row-major over batch x sequence), layers, k]. transformers renamed
-    the ``past_key_values`` argument to ``cache``; both spellings are accepted."""
-    if not routing_k:
+    token fed, [tokens (row-major over batch x sequence), layers, k]. Without ``logits``
+    only the decoder runs (no output head: a prefill that only wants keys and values
+    skips a [tokens, vocab] matmul). transformers renamed the ``past_key_values`` argument
+    to ``cache``; both spellings are accepted."""
+    if not routing_k and logits:
         out = model(**inputs, **{_cache_arg(model): cache}, use_cache=True)
         return out.logits, _cache_of(out), None
     # The causal-LM wrapper would also compute the router's auxiliary loss, which assumes
     # the attention mask covers only the tokens fed (not the cache); run the decoder and
     # the output head directly instead (the same computation as the wrapper's logits).
     decoder = getattr(model, model.base_model_prefix)
-    out = decoder(
-        **inputs, **{_cache_arg(decoder): cache}, use_cache=True, output_router_logits=True
-    )
-    head = model.get_output_embeddings()
-    assert head is not None  # a causal LM has its output head
-    logits = head(out.last_hidden_state)
+    extra = {"output_router_logits": True} if routing_k else {}
+    out = decoder(**inputs, **{_cache_arg(decoder): cache}, use_cache=True, **extra)
+    scores = None
+    if logits:
+        head = model.get_output_embeddings()
+        assert head is not None  # a causal LM has its output head
+        scores = head(out.last_hidden_state)
+    if not routing_k:
+        return scores, _cache_of(out), None
     per_layer = [r.topk(routing_k, dim=-1).indices for r in out["router_logits"]]
-    return logits, _cache_of(out), torch.stack(per_layer, dim=1).to("cpu")
+    return scores, _cache_of(out), torch.stack(per_layer, dim=1).to("cpu")
 
 
 def _cache_arg(module: torch.nn.Module) -> str:
@@ -186,8 +208,15 @@ class Batch:
 
     @property
     def width(self) -> int:
-        # every row is left-padded to the longest one, and columns only padding uses go
+        # every row is left-padded to the longest one (the cache may hold more columns
+        # after rows left: ``columns``)
         return max(self.lengths, default=0)
+
+    @property
+    def columns(self) -> int:
+        """Columns of the cache: ``width``, or more while columns that only rows which
+        left used are still there (``keep`` in place; the next join trims them)."""
+        return 0 if self._mask is None else int(self._mask.shape[1])
 
     def add(self, kv: KV) -> int:
         """Insert one sequence (batch dim 1, no padding); returns its row.
@@ -211,8 +240,10 @@ class Batch:
         if parts is None:
             return
         old = cache_tensors(self._cache) if self._cache is not None else self._kv
-        old_width = 0 if self._mask is None else int(self._mask.shape[1])
         width = self.width
+        # an old row's last columns hold all its tokens; columns beyond ``width`` (left
+        # by rows that left) are padding everywhere and are dropped here
+        old_width = min(self.columns, width)
         joined = next(p for p in parts if not isinstance(p, int))  # shapes and device
         merged: KV = []
         for layer in range(len(joined)):
@@ -223,7 +254,9 @@ class Batch:
                 for i, part in enumerate(parts):
                     if isinstance(part, int):
                         assert old is not None
-                        out[i, :, width - old_width :] = old[layer][which][part]
+                        out[i, :, width - old_width :] = old[layer][which][
+                            part, :, old[layer][which].shape[2] - old_width :
+                        ]
                     else:
                         t = part[layer][which]
                         out[i, :, width - t.shape[2] :] = t[0]
@@ -245,12 +278,29 @@ class Batch:
             for k, v in tensors
         ]
 
+    @torch.inference_mode()  # the decode cache's tensors are inference tensors
     def keep(self, rows: Sequence[int]) -> None:
-        """Keep only ``rows`` (in that order); drop columns that are padding everywhere."""
+        """Keep only ``rows`` (in that order).
+
+        On the decode cache, rows in their order (rows that finished or were cancelled
+        leave) move down in place: a leave copies only the rows after it, once, and the
+        cache keeps its columns (a bucket attends only over its own rows' columns, so
+        padding on the left costs no attention; the next join drops it). Otherwise the
+        batch is rebuilt without the columns that are padding everywhere."""
         self._merge()
         self.lengths = [self.lengths[r] for r in rows]
         if not rows:
             self.kv, self.mask = None, None
+            return
+        layers = self._cache.layers if self._cache is not None else []
+        ordered = all(a < b for a, b in itertools.pairwise(rows))
+        if ordered and layers and all(isinstance(x, GrowingLayer) for x in layers):
+            assert self._mask is not None
+            for layer in layers:
+                assert isinstance(layer, GrowingLayer)
+                layer.keep_rows(rows)
+            index = torch.tensor(list(rows), dtype=torch.long, device=self._mask.device)
+            self._mask = self._mask.index_select(0, index)
             return
         assert self.kv is not None and self.mask is not None
         index = torch.tensor(list(rows), dtype=torch.long, device=self.mask.device)
@@ -278,7 +328,7 @@ class Batch:
         device = self.mask.device
         input_ids = torch.tensor([[t] for t in next_tokens], dtype=torch.long, device=device)
         position_ids = torch.tensor([[p] for p in positions], dtype=torch.long, device=device)
-        width = self.width  # the cache's columns before this step's token
+        width = self.columns  # the cache's columns before this step's token
         mask = torch.cat([self.mask, self.mask.new_ones((self.size, 1))], dim=1)
         self.lengths = [n + 1 for n in self.lengths]
         plan = DecodePlan.for_lengths(self.lengths, width + 1)
@@ -286,7 +336,8 @@ class Batch:
             assert self._kv is not None
             self._cache = make_decode_cache(self._kv)
             self._kv = None
-        logits, cache, routing = _forward(
+        attention: dict[str, Any] = {PLAN_KWARG: plan}
+        logits, cache, routing = forward_with_cache(
             model,
             self._cache,
             routing_k,
@@ -294,41 +345,8 @@ class Batch:
             attention_mask=mask,
             position_ids=position_ids,
             cache_position=torch.tensor([width], dtype=torch.long, device=device),
-            **{PLAN_KWARG: plan},
+            **attention,
         )
+        assert logits is not None  # asked for
         self._cache, self.mask = cache, mask
         return logits[:, -1].float(), routing
-
-
-@torch.inference_mode()
-def prefill(
-    model: PreTrainedModel,
-    token_ids: Sequence[int],
-    prefix: KV | None,
-    prefix_len: int,
-    routing_k: int = 0,
-    *,
-    every_position: bool = False,
-) -> tuple[torch.Tensor, KV, torch.Tensor | None]:
-    """Run one sequence's uncached tokens; returns the last logits [vocab] (with
-    ``every_position``: the logits after each token run, [tokens, vocab]), its KV and,
-    with ``routing_k``, the expert ids of the tokens run [tokens, layers, k]."""
-    device = next(model.parameters()).device
-    new = list(token_ids[prefix_len:])
-    input_ids = torch.tensor([new], dtype=torch.long, device=device)
-    positions = torch.arange(prefix_len, len(token_ids), device=device)
-    cache = (
-        make_cache([(k[:, :, :prefix_len], v[:, :, :prefix_len]) for k, v in prefix])
-        if (prefix is not None and prefix_len > 0)
-        else DynamicCache()
-    )
-    logits, cache, routing = _forward(
-        model,
-        cache,
-        routing_k,
-        input_ids=input_ids,
-        position_ids=positions.unsqueeze(0),
-        cache_position=positions,
-    )
-    out = logits[0].float() if every_position else logits[0, -1].float()
-    return out, cache_tensors(cache), routing

@@ -250,6 +250,7 @@ class HfEngine:
             "steps": s.steps,
             "generated_tokens": s.generated_tokens,
             "prefill_tokens": s.prefill_tokens,
+            "prefill_passes": s.prefill_passes,
             "prefix_cache_hits": s.prefix_cache.hits,
             "prefix_cache_reused_tokens": s.prefix_cache.reused_tokens,
             "prefix_cache_tokens": s.prefix_cache.tokens,

@@ -9,9 +9,10 @@ tokens after its longest cached prefix, whichever session computed that prefix.
 Why a tree and not a per-session entry: two sessions that share a system prompt but differ
 after it share one copy of the prefix's KV (an edge split at the divergence), and a new
 session reuses it on its first call. The scheduler inserts a prompt's KV right after its
-prefill (not only when the call finishes), and prefills run one at a time on the engine's
-worker thread, so sessions that start together compute their shared prefix once: the
-first one runs it, the others find it in the tree.
+prefill (not only when the call finishes), and holds back prompts admitted together that
+share a prefix the tree lacks until one of them has run it, so sessions that start
+together compute their shared prefix once: the first one runs it, the others find it in
+the tree.
 
 Keys and values of a token depend only on the tokens before it (causal attention), so a
 cached prefix gives the same logits as running it again (up to float summation order:
@@ -110,6 +111,13 @@ class RadixPrefixCache:
                 break
             node = child
         return path, n
+
+    def reusable(self, prompt: Sequence[int]) -> int:
+        """How many leading tokens of ``prompt`` ``match`` would reuse now; a look only (no
+        hit counted, nothing marked used)."""
+        if not self.enabled or len(prompt) < 2:
+            return 0
+        return self._walk(prompt[: len(prompt) - 1])[1]
 
     def match(self, prompt: Sequence[int]) -> tuple[KV | None, int, list[Any] | None]:
         """KV (and routing) of the longest cached prefix of ``prompt``, and its length.

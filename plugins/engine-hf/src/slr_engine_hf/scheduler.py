@@ -13,11 +13,16 @@ held back meanwhile), swaps the weights, bumps the version, and lets the held on
 running sequences' caches are recomputed under the new weights (prompt and tokens so far),
 and they continue; each token records the version that sampled it.
 
-Prefills go through the shared-prefix cache (``prefix_cache.RadixPrefixCache``): a prompt
-runs only the tokens after its longest cached prefix, and its KV goes into the cache right
-after its prefill, so a request admitted next finds it. A forced request (``forced``: the
-tokens to score, ``HfEngine.force_decode``) is answered by one prefill and never joins the
-batch. Weight updates clear the cache.
+Requests admitted at the same step are prefilled together (``slr_engine_hf.prefill``):
+their prompts but the last token, grouped into as few forward passes as their lengths
+allow; each then joins the batch, and the next decode step feeds its last prompt token with
+every other row and samples its first token. Prefills go through the shared-prefix cache
+(``prefix_cache.RadixPrefixCache``): a prompt runs only the tokens after its longest cached
+prefix, and its KV goes into the cache right after its pass. Prompts admitted together
+that share an uncached prefix do not each compute it: one goes first, the others wait one
+pass and find it cached. A forced request (``forced``: the tokens to score,
+``HfEngine.force_decode``) is answered by one prefill and never joins the batch. Weight
+updates clear the cache.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ import torch
 from slr.contracts import EngineUnavailable, Generation, GenerationChunk, SamplingParams
 from slr.contracts.weights import is_lora
 from slr.lora import load_weights
-from slr_engine_hf.batch import Batch, prefill
+from slr_engine_hf.batch import KV, Batch
+from slr_engine_hf.prefill import defer_shared, plan_passes, prefill, prefill_rows
 from slr_engine_hf.prefix_cache import RadixPrefixCache
 from slr_engine_hf.sampling import new_generator, sample_rows, token_logprobs
 
@@ -114,6 +120,8 @@ class Scheduler(threading.Thread):
         self.cancelled = 0  # sequences dropped because their consumer went away
         self.resumed = 0  # sequences continued across a partial weight update
         self.prefill_tokens = 0  # tokens run through the model by prefills (cache misses)
+        self.prefill_passes = 0  # forward passes prefills took (many prompts share one)
+        self._empty: KV | None = None  # see _no_kv
 
     # -- called from other threads ------------------------------------------------------
 
@@ -177,8 +185,8 @@ class Scheduler(threading.Thread):
                         self._recompute_rows()
                     continue
                 self._drop_cancelled()
-                for request in admit:
-                    self._admit(request)
+                if admit:
+                    self._admit(admit)
                 if self._rows:
                     self._decode_step()
         except BaseException as exc:  # a bug or a dead device: nothing may hang on it
@@ -250,13 +258,17 @@ class Scheduler(threading.Thread):
         Each row's cache covers its prompt and every token but the last sampled one (which
         the next decode step feeds), exactly as if the row had run under these weights all
         along; routing recorded for those tokens stays that of the pass that first ran them.
+        The rows are prefilled together, in as few passes as their lengths allow.
         """
         batch = Batch()
         rows: list[Request] = []  # in the batch's row order
+        fed = [[*r.prompt, *r.tokens][:-1] for r in self._rows]
         try:
-            for request in self._rows:
-                _, kv, _ = prefill(self.model, [*request.prompt, *request.tokens[:-1]], None, 0)
-                rows.insert(batch.add(kv), request)
+            for group in plan_passes([len(ids) for ids in fed]):
+                self.prefill_passes += 1
+                done = prefill_rows(self.model, [(fed[i], None, 0) for i in group])
+                for i, (kv, _) in zip(group, done, strict=True):
+                    rows.insert(batch.add(kv), self._rows[i])
         except Exception as exc:
             for r in self._rows:
                 if not r.future.done():
@@ -278,39 +290,90 @@ class Scheduler(threading.Thread):
                 self._rows = [self._rows[i] for i in keep]
             self._batch.keep(keep)
 
-    def _admit(self, request: Request) -> None:
-        if request.cancelled:
-            self.cancelled += 1
-            request.future.cancel()
-            return
-        if not request.future.set_running_or_notify_cancel():
-            return
-        try:
-            prefix, reused, routed = self.prefix_cache.match(request.prompt)
-            if request.forced is not None:
-                self._force(request, prefix, reused, routed)
-                return
-            logits, kv, routing = prefill(
-                self.model, request.prompt, prefix, reused, self.routing_k
-            )
-            self.prefill_tokens += len(request.prompt) - reused
-            if routing is not None:
-                request.routing = [*(routed or []), *routing.tolist()]
-            # at once, not when the call ends: a session admitted next (one that started
-            # together with this one) finds the shared prefix already computed
-            self.prefix_cache.insert(request.prompt, kv, request.routing)
-            token, lp = sample_rows(logits.unsqueeze(0), [request.sampling], [request.generator])
-        except BaseException as exc:
-            request.future.set_exception(exc)
-            return
-        row = self._batch.add(kv)
-        with self._cond:
-            self._rows.insert(row, request)
-        reason = self._record(request, token[0], lp[0])
-        if reason is not None:
-            self._retire({row: reason})
-        else:
-            self._emit(request)
+    def _admit(self, requests: list[Request]) -> None:
+        """Prefill the requests admitted at this step and add them to the batch."""
+        ready = []
+        for request in requests:
+            if request.cancelled:
+                self.cancelled += 1
+                request.future.cancel()
+            elif not request.future.set_running_or_notify_cancel():
+                continue
+            elif request.forced is not None:
+                try:
+                    self._force(request, *self.prefix_cache.match(request.prompt))
+                except BaseException as exc:
+                    request.future.set_exception(exc)
+            else:
+                ready.append(request)
+        held: dict[int, int] = {}  # id of a request held back: its cached prefix then
+        while ready:
+            # prompts admitted together that share what the cache lacks: one computes it
+            # first, the others find it cached a pass later (held again only while the
+            # cache keeps growing for them: a full or disabled cache lets them go)
+            cached = [self.prefix_cache.reusable(r.prompt) for r in ready]
+            wait = defer_shared([r.prompt for r in ready], cached)
+            if not self.prefix_cache.enabled:
+                wait = [False] * len(ready)
+            wait = [
+                w and held.get(id(r), -1) < c for r, w, c in zip(ready, wait, cached, strict=True)
+            ]
+            held = {id(r): c for r, c in zip(ready, cached, strict=True)}
+            self._join([r for r, w in zip(ready, wait, strict=True) if not w])
+            ready = [r for r, w in zip(ready, wait, strict=True) if w]
+
+    def _join(self, requests: list[Request]) -> None:
+        """Prefill the requests' prompts but the last token (their uncached parts, in as
+        few passes as their lengths allow) and add their rows; the next decode step feeds
+        each one's last prompt token and samples its first token."""
+        matched = [self.prefix_cache.match(r.prompt) for r in requests]
+        # a prompt's KV: all but its last token (the decode step runs that one)
+        joining: list[KV | None] = [None] * len(requests)
+        todo = []
+        for i, (r, (prefix, reused, routed)) in enumerate(zip(requests, matched, strict=True)):
+            self.prefill_tokens += len(r.prompt) - reused
+            if self.routing_k:
+                r.routing = list(routed or [])
+            if reused == len(r.prompt) - 1 and prefix is not None:
+                joining[i] = prefix
+            elif len(r.prompt) == 1:
+                joining[i] = self._no_kv(r.prompt)
+            else:
+                todo.append(i)
+        for group in plan_passes([len(requests[i].prompt) - 1 - matched[i][1] for i in todo]):
+            chosen = [todo[j] for j in group]
+            rows = [(requests[i].prompt[:-1], matched[i][0], matched[i][1]) for i in chosen]
+            try:
+                self.prefill_passes += 1
+                done = prefill_rows(self.model, rows, self.routing_k)
+            except BaseException as exc:
+                for i in chosen:
+                    requests[i].future.set_exception(exc)
+                continue
+            for i, (kv, routing) in zip(chosen, done, strict=True):
+                request = requests[i]
+                if routing is not None:
+                    assert request.routing is not None
+                    request.routing.extend(routing.tolist())
+                # at once, not when the call ends: a request that waited for this one's
+                # pass (or one admitted next) finds the shared prefix already computed
+                self.prefix_cache.insert(request.prompt[:-1], kv, request.routing)
+                joining[i] = kv
+        for request, kv in zip(requests, joining, strict=True):
+            if kv is None:  # its pass failed
+                continue
+            row = self._batch.add(kv)
+            with self._cond:
+                self._rows.insert(row, request)
+
+    def _no_kv(self, prompt: list[int]) -> KV:
+        """Empty keys and values ([1, heads, 0, dim] per layer): the cache of a one-token
+        prompt before its decode step. Their shapes come from a pass over that token."""
+        if self._empty is None:
+            self.prefill_passes += 1
+            ((kv, _),) = prefill_rows(self.model, [(prompt, None, 0)])
+            self._empty = [(k[:, :, :0].clone(), v[:, :, :0].clone()) for k, v in kv]
+        return self._empty
 
     def _force(self, request: Request, prefix: Any, reused: int, routed: list | None) -> None:
         """Forced decoding: one prefill over prompt + the given tokens (all but the last,
@@ -318,6 +381,7 @@ class Scheduler(threading.Thread):
         forced = request.forced
         assert forced is not None
         fed = [*request.prompt, *forced[:-1]]
+        self.prefill_passes += 1
         logits, kv, routing = prefill(
             self.model, fed, prefix, reused, self.routing_k, every_position=True
         )
@@ -350,7 +414,8 @@ class Scheduler(threading.Thread):
 
     def _decode_step(self) -> None:
         rows = self._rows
-        next_tokens = [r.tokens[-1] for r in rows]
+        # a row that just joined feeds its last prompt token: its first sample comes next
+        next_tokens = [r.tokens[-1] if r.tokens else r.prompt[-1] for r in rows]
         positions = [len(r.prompt) + len(r.tokens) - 1 for r in rows]
         try:
             logits, routing = self._batch.step(self.model, next_tokens, positions, self.routing_k)
