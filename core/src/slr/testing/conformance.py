@@ -435,7 +435,9 @@ class ScaffoldAdapterTests(AgentAdapterTests):
       action format (tool call, JSON command, bash block), and then finish.
 
     The model is ``ScriptedPolicyStub``: here the adapter is under test, not a model. Each
-    scenario runs the scaffold once (class-scoped), and the assertions share that run.
+    scenario runs the scaffold once (class-scoped), and the assertions share that run; the
+    refusal scenario runs beside the hang scenario once the hung scaffold has reached the
+    model (it then only waits for its limit).
     """
 
     timeout_s: float = 240.0
@@ -476,23 +478,45 @@ class ScaffoldAdapterTests(AgentAdapterTests):
 
     @pytest.fixture(scope="class")
     @classmethod
-    def hang_run(cls, adapter, sandbox_factory, scripted_policy, hello_run):
-        limit = cls._limit(cls.hang_timeout_s, hello_run)
+    def refusing_policy(cls):
+        """A second endpoint that refuses every model call (401), so that the refusal
+        scenario can run while the hang scenario holds ``scripted_policy``."""
+        stub = ScriptedPolicyStub()
+        stub.reset(mode="unauthorized")
+        yield stub
+        stub.close()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def hang_and_refused_runs(
+        cls, adapter, sandbox_factory, scripted_policy, refusing_policy, hello_run
+    ) -> tuple[AgentRun, AgentRun]:
+        """The hang and the refusal scenario, the second started once the first has made
+        its model call: from then on the hung scaffold only waits for its limit, so the
+        refused one starts up alone on the CPU, and the class pays the hang's wait once
+        instead of both runs one after the other."""
+        hang_limit = cls._limit(cls.hang_timeout_s, hello_run)
+        refused_limit = cls._limit(cls.refused_timeout_s, hello_run)
         scripted_policy.reset(mode="hang")
         try:
-            return _run(_agent_run(adapter, sandbox_factory, scripted_policy, limit))
+            return _run(
+                _hang_then_refused(
+                    adapter, sandbox_factory, scripted_policy, refusing_policy,
+                    hang_limit, refused_limit,
+                )
+            )  # fmt: skip
         finally:
             scripted_policy.reset()
 
     @pytest.fixture(scope="class")
     @classmethod
-    def refused_run(cls, adapter, sandbox_factory, scripted_policy, hello_run):
-        limit = cls._limit(cls.refused_timeout_s, hello_run)
-        scripted_policy.reset(mode="unauthorized")
-        try:
-            return _run(_agent_run(adapter, sandbox_factory, scripted_policy, limit))
-        finally:
-            scripted_policy.reset()
+    def hang_run(cls, hang_and_refused_runs):
+        return hang_and_refused_runs[0]
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def refused_run(cls, hang_and_refused_runs):
+        return hang_and_refused_runs[1]
 
     # -- the contract ---------------------------------------------------------------------
 
@@ -649,6 +673,29 @@ async def _agent_run(
         )
     finally:
         await sandbox.stop()
+
+
+async def _hang_then_refused(
+    adapter, sandbox_factory, hanging, refusing, hang_limit: float, refused_limit: float
+) -> tuple[AgentRun, AgentRun]:
+    """Run the hang scenario on ``hanging``; when its first model call arrives (or the run
+    ends without one), start the refusal scenario on ``refusing`` beside it."""
+    loop = asyncio.get_running_loop()
+    called = asyncio.Event()
+    hanging.on_model_call = lambda: loop.call_soon_threadsafe(called.set)
+    hang = asyncio.create_task(_agent_run(adapter, sandbox_factory, hanging, hang_limit))
+    waiter = asyncio.create_task(called.wait())
+    try:
+        await asyncio.wait({hang, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        hanging.on_model_call = None
+        refused = await _agent_run(adapter, sandbox_factory, refusing, refused_limit)
+        return await hang, refused
+    finally:
+        hanging.on_model_call = None
+        waiter.cancel()
+        if not hang.done():  # the refusal run raised: end the hung one too
+            hang.cancel()
+        await asyncio.gather(hang, waiter, return_exceptions=True)
 
 
 # Scans /proc (images may lack ps). The bundle path comes through the environment, and a
