@@ -19,6 +19,8 @@ config, model and number of trained trials (``steps`` x ``tasks_per_step`` x ``n
    run their phases in lockstep (all CPU at once, then all waiting); the asynchronous one
    keeps its slots busy. Goal: >= 2x trials per hour.
 
+``--modes`` runs only the modes named; ``--correction PRESET`` sets
+``[algorithm.rollout_correction] preset`` (verl's off-policy correction) in every run.
 ``--seeds`` trains each mode once per seed (``[run] seed``; the async loop's timing makes
 even one seed differ from run to run): one run per mode is one sample of a noisy learning
 curve, so the pass rates are compared as means over the seeds, with their spread.
@@ -85,6 +87,8 @@ def config_data(
     )
     data["tasks"] = {"path": str(tasks)}
     data["rollout"]["max_staleness"] = args.max_staleness
+    if args.correction:
+        data["algorithm"]["rollout_correction"] = {"preset": args.correction}
     data["agent"]["config_file"] = str(QUICKSTART / "mini.yaml")
     if quick:
         data["agent"] = {"name": "oracle"}
@@ -204,6 +208,13 @@ def main() -> None:
     ap.add_argument(
         "--seeds", type=int, nargs="+", default=[0], help="train each mode once per seed"
     )
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="default: both")
+    ap.add_argument(
+        "--correction",
+        default=None,
+        metavar="PRESET",
+        help="[algorithm.rollout_correction] preset for every run, e.g. decoupled_token_is",
+    )
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args()
     # quick: 8 steps, since with max_staleness = 1 the async loop overlaps at most two
@@ -226,7 +237,7 @@ def main() -> None:
             if args.only and name != args.only:
                 continue
             for seed in args.seeds:
-                for mode in ("sync", "async"):
+                for mode in args.modes:
                     rows.append(one(args, name, tasks, mode, work, quick=args.quick, seed=seed))
     print(
         f"{'set':<11} {'mode':<6} {'seed':>4} {'wall s':>7} {'loop s':>7} {'trials':>6} {'trials/h':>9} "
@@ -253,9 +264,15 @@ def main() -> None:
     ratios, loop_ratios, means = {}, {}, {}
     for name in sorted({r["set"] for r in rows}):
         per_mode = {m: [r for r in rows if r["set"] == name and r["mode"] == m] for m in MODES}
-        if not all(per_mode.values()):
+        means[name] = {m: summary(rs) for m, rs in per_mode.items() if rs}
+        for m, mean in means[name].items():
+            if mean["heldout_pass1"] is not None:
+                print(
+                    f"{name}: {m} held-out pass@1 {mean['heldout_pass1']:.3f} "
+                    f"(min-max {mean['heldout_pass1_range']}, {mean['runs']} run(s))"
+                )
+        if len(means[name]) < 2:
             continue
-        means[name] = {m: summary(rs) for m, rs in per_mode.items()}
         sync, asyn = means[name]["sync"], means[name]["async"]
         ratios[name] = asyn["trials_per_hour"] / sync["trials_per_hour"]
         loop_ratios[name] = sync["loop_s"] / asyn["loop_s"]
@@ -276,6 +293,7 @@ def main() -> None:
         "async_over_sync_loop_trials_per_hour": loop_ratios,
         "means": means,
         "seeds": args.seeds,
+        "correction": args.correction,
         "quick": args.quick,
         "steps": args.steps,
         "max_staleness": args.max_staleness,
