@@ -199,7 +199,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny model + oracle agent")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 10; quick 8)")
     ap.add_argument("--max-staleness", type=int, default=1)
