@@ -204,13 +204,13 @@ class RolloutPool:
         if not self.session.config.rollout.pool_size:
             return
         run_dir = self.session.run_dir
+        live = self.live()
+        if not live:
+            return
         shares: dict[str, tuple[_Worker, list[TrialSpec]]] = {}
         for spec in specs:
             if spec.trial_id in self._placed or run_dir.has_trial(spec.trial_id):
                 continue
-            live = self.live()
-            if not live:
-                break
             worker = min(live, key=lambda w: w.load + w.placed)
             worker.placed += 1
             self._placed[spec.trial_id] = worker
@@ -261,13 +261,12 @@ class RolloutPool:
         """The worker told to expect ``spec`` (its sandbox is warm there), unless that worker
         is gone or runs more than one trial more than the least-loaded one (its trials took
         longer: balance wins over a warm sandbox); else the least-loaded."""
+        live = self.live()
         placed = self._placed.pop(spec.trial_id, None)
         if placed is not None:
             placed.placed -= 1
-            live = self.live()
             if placed.alive and placed.load <= min(w.load for w in live) + 1:
                 return placed
-        live = self.live()
         if not live:
             raise NoWorkersLeft(
                 f"all {len(self.workers)} rollout worker(s) are gone; see the Ray logs of "

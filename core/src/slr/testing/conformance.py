@@ -687,7 +687,6 @@ async def _hang_then_refused(
     waiter = asyncio.create_task(called.wait())
     try:
         await asyncio.wait({hang, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        hanging.on_model_call = None
         refused = await _agent_run(adapter, sandbox_factory, refusing, refused_limit)
         return await hang, refused
     finally:

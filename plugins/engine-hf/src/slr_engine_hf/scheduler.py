@@ -312,8 +312,9 @@ class Scheduler(threading.Thread):
             # first, the others find it cached a pass later (held again only while the
             # cache keeps growing for them: a full or disabled cache lets them go)
             cached = [self.prefix_cache.reusable(r.prompt) for r in ready]
-            wait = defer_shared([r.prompt for r in ready], cached)
-            if not self.prefix_cache.enabled:
+            if self.prefix_cache.enabled:
+                wait = defer_shared([r.prompt for r in ready], cached)
+            else:
                 wait = [False] * len(ready)
             wait = [
                 w and held.get(id(r), -1) < c for r, w, c in zip(ready, wait, cached, strict=True)
