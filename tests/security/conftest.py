@@ -34,9 +34,14 @@ def engine():
     asyncio.run(engine.close())
 
 
-@pytest.fixture(scope="session")
-def proxy(engine):
+#: The proxy's HTTP parsers (``[proxy] http_parser``): every attack meets each of them.
+HTTP_PARSERS = ["httptools", "h11"]
+
+
+@pytest.fixture(scope="session", params=HTTP_PARSERS)
+def proxy(engine, request):
     config = ProxySection(
+        http_parser=request.param,
         model_names=["policy"],
         max_body_bytes=256 * 1024,
         header_timeout_s=0.5,

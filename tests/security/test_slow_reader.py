@@ -29,10 +29,13 @@ MAX_TOKENS = 1900
 MODEL = "policy-" + "x" * 4000
 
 
-@pytest.fixture(scope="module")
-def chatty_proxy(engine):
+@pytest.fixture(scope="module", params=["httptools", "h11"])  # [proxy] http_parser
+def chatty_proxy(engine, request):
     config = ProxySection(
-        model_names=[MODEL], client_sampling="honor", write_timeout_s=WRITE_TIMEOUT_S
+        http_parser=request.param,
+        model_names=[MODEL],
+        client_sampling="honor",
+        write_timeout_s=WRITE_TIMEOUT_S,
     )
     proxy = Proxy(engine, config, sampling=SamplingParams(max_tokens=MAX_TOKENS))
     with ProxyThread(proxy):

@@ -351,6 +351,13 @@ class ProxySection:
         "names: hermes (<tool_call>{json}</tool_call>: Qwen2.5, Qwen3), qwen3_coder, glm45, "
         "kimi_k2, openai, ... (slr-toolparsers-verl; the table in docs/proxy.md).",
     )
+    http_parser: Literal["auto", "httptools", "h11"] = option(
+        "auto",
+        doc="HTTP/1.1 parser of the proxy's server (uvicorn's --http). 'httptools': the C "
+        "parser (a dependency of slr-core), 11-27% less proxy CPU per request than 'h11', "
+        "the pure-Python one (bench/proxy_overhead.py); 'auto': httptools when it imports, "
+        "else h11.",
+    )
     max_body_bytes: int = option(
         8 * 1024 * 1024, doc="Largest request body accepted.", validator=validators.ge(1024)
     )

@@ -38,6 +38,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from slr.config import ProxySection
 from slr.contracts import Endpoint, Engine, SamplingParams, TerminationReason, Trajectory
 from slr.costs import ModelClock
+from slr.errors import UsageError
 from slr.proxy.accumulator import Accumulator
 from slr.proxy.app import build_app
 from slr.proxy.render import Renderer
@@ -103,9 +104,9 @@ _REQUEST_TIMEOUT = (
 )
 
 
-class _HeaderTimeoutProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, plus a deadline for each request's line and headers, and
-    one for a paused write.
+class _Deadlines(asyncio.Protocol):
+    """Mixed into uvicorn's HTTP/1.1 protocol (httptools' or h11's, ``http_protocol``): a
+    deadline for each request's line and headers, and one for a paused write.
 
     The header clock starts when a connection opens and when the first byte of a next
     request arrives; a request whose headers are not complete by then gets a bare 408 and
@@ -121,8 +122,12 @@ class _HeaderTimeoutProtocol(H11Protocol):
 
     header_timeout: float = 10.0
     write_timeout: float = 30.0
+    # What both uvicorn protocols have, for the type checker.
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         # A response's head goes out with its body: one send, one wake-up of the client.
         super().connection_made(cast(asyncio.Transport, HeadWithBody(transport, self.loop)))
         self._header_timer: asyncio.TimerHandle | None = None
@@ -189,10 +194,26 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve to anything
 
 
-def _protocol(header_timeout: float, write_timeout: float) -> type[H11Protocol]:
+def http_protocol(
+    parser: str = "auto", *, header_timeout: float = 10.0, write_timeout: float = 30.0
+) -> type[_Deadlines]:
+    """The proxy's HTTP/1.1 protocol class for uvicorn: ``parser`` ("httptools", "h11", or
+    "auto": httptools when it imports) with the proxy's deadlines (``_Deadlines``)."""
+    base: type[asyncio.Protocol] = H11Protocol
+    if parser in ("auto", "httptools"):
+        try:
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        except ImportError:
+            if parser == "httptools":
+                raise UsageError(
+                    "proxy.http_parser = 'httptools' but httptools is not installed; "
+                    "pip install httptools, or set proxy.http_parser = 'h11'"
+                ) from None
+        else:
+            base = HttpToolsProtocol
     return type(
         "ProxyHttpProtocol",
-        (_HeaderTimeoutProtocol,),
+        (_Deadlines, base),
         {"header_timeout": header_timeout, "write_timeout": write_timeout},
     )
 
@@ -283,7 +304,11 @@ class Proxy:
             access_log=False,
             lifespan="off",
             timeout_keep_alive=30,
-            http=_protocol(self.config.header_timeout_s, self.config.write_timeout_s),
+            http=http_protocol(
+                self.config.http_parser,
+                header_timeout=self.config.header_timeout_s,
+                write_timeout=self.config.write_timeout_s,
+            ),
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
