@@ -17,11 +17,13 @@ report gives the median and the spread (min-max) over the repeats:
   the proxy's loop), and the HTTP floor (the same client's ``GET /v1/models``: SDK + HTTP,
   no model work). Clients run in a separate process (the openai SDK's async client) so
   their CPU does not count as the proxy's.
-* where each call's time went, hop by hop (p50 / p99 over calls): client to proxy (the
-  SDK builds and sends the request, the proxy's loop takes it), parse (body, routing,
-  decoding), the session's lock, prepare (chat template, tokenization, prefix reuse), the
-  engine (submit to last token), record and write (the reply built, recorded, sent), and
-  proxy to client (the SDK reads and parses it). Stamps are ``time.perf_counter`` in each
+* where each call's time went, hop by hop (p50 / p99 over calls): the SDK's request (the
+  openai SDK builds the request, up to handing it to its connection: an httpx event hook),
+  client to proxy (the bytes reach the proxy, its loop takes the request), parse (body,
+  routing, decoding), the session's lock, prepare (chat template, tokenization, prefix
+  reuse), the engine (submit to last token), record and write (the reply built, recorded,
+  sent), proxy to client (until the reply's head is in the client), and the SDK's reply
+  (it reads and parses the reply). Stamps are ``time.perf_counter`` in each
   process (the system's monotonic clock, shared by processes on Linux).
 * variants side by side in one run (``--variants``): ``after`` (today's proxy: one actor
   call per ``generate``, the httptools HTTP parser), ``h11`` (the same with h11, the
@@ -66,6 +68,7 @@ QUESTION = (
 #: proxy's HTTP parser)
 VARIANTS = {"before": (False, "auto"), "after": (True, "auto"), "h11": (True, "h11")}
 HOPS = (
+    "sdk_request",
     "client_to_proxy",
     "parse",
     "lock_wait",
@@ -73,6 +76,7 @@ HOPS = (
     "engine",
     "record_and_write",
     "proxy_to_client",
+    "sdk_reply",
 )
 
 
@@ -108,16 +112,31 @@ async def _client(spec):
     await warm.close()
 
     async def converse(url):
-        c = openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0)
+        # The SDK's own client (its defaults) with hooks that stamp when a chat request is
+        # handed to the connection and when its reply's head is in.
+        wire: list[float] = []
+
+        async def stamp(message):
+            if message.url.path.endswith("/chat/completions"):
+                wire.append(time.perf_counter())
+
+        async def stamp_reply(response):
+            await stamp(response.request)
+
+        http = openai.DefaultAsyncHttpxClient(
+            event_hooks={"request": [stamp], "response": [stamp_reply]}
+        )
+        c = openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0, http_client=http)
         await c.models.list()
         messages, stamps = [], []
         for i in range(spec["calls"]):
             messages.append({"role": "user", "content": f"{QUESTION}({i})"})
+            wire.clear()
             t = time.perf_counter()
             r = await c.chat.completions.create(
                 model="policy", messages=messages, max_tokens=spec["max_tokens"]
             )
-            stamps.append((t, time.perf_counter()))
+            stamps.append((t, *wire, time.perf_counter()))
             messages.append({"role": "assistant", "content": r.choices[0].message.content})
         floor = []
         for _ in range(spec["calls"]):
@@ -202,16 +221,21 @@ def start_engine(kind: str, model, tok, folder, device: str = "cpu"):
 
 
 def hops_of(client, asgi, engine, timing) -> dict[str, float]:
-    """One call's hops in ms, from its stamps in the three processes."""
-    (sent, received), (arrived, written), (submitted, returned) = client, asgi, engine
+    """One call's hops in ms, from its stamps in the three processes. ``client``: the call
+    began, its request was handed to the connection, its reply's head was in, it returned
+    (the SDK's own work before and after the socket: ``sdk_request``, ``sdk_reply``)."""
+    sent, on_wire, head_in, received = client
+    (arrived, written), (submitted, returned) = asgi, engine
     lock, prepare = timing["lock_wait"], timing["prepare"]
     ms = {
-        "client_to_proxy": 1000 * (arrived - sent),
+        "sdk_request": 1000 * (on_wire - sent),
+        "client_to_proxy": 1000 * (arrived - on_wire),
         "lock_wait": lock,
         "prepare": prepare,
         "engine": 1000 * (returned - submitted),
         "record_and_write": 1000 * (written - returned),
-        "proxy_to_client": 1000 * (received - written),
+        "proxy_to_client": 1000 * (head_in - written),
+        "sdk_reply": 1000 * (received - head_in),
     }
     ms["parse"] = 1000 * (submitted - arrived) - lock - prepare
     return ms
@@ -293,7 +317,7 @@ class ProxyHost:
                 strict=True,
             )
             for client, asgi, engine_stamps, timing in rows:
-                total = client[1] - client[0]
+                total = client[-1] - client[0]
                 in_engine = engine_stamps[1] - engine_stamps[0]
                 out["added"].append(total - in_engine)
                 out["server_added"].append((asgi[1] - asgi[0]) - in_engine)
