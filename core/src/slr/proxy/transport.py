@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-#: How every HTTP/1.1 response head starts (uvicorn speaks only HTTP/1.1 through h11).
+#: How every response head starts (uvicorn answers in HTTP/1.1, through httptools or h11).
 _HEAD = b"HTTP/1.1 "
 
 
