@@ -80,15 +80,20 @@ HOPS = (
 )
 
 
-def collect_stream(replica) -> None:
-    """The ``before`` variant: this replica's ``generate`` collects its chunked stream (several
-    Ray objects per call), as it did before ``generate`` became one actor call."""
+def collect_stream(engine) -> None:
+    """The ``before`` variant: each replica's ``generate`` behind ``engine`` collects its
+    chunked stream (several Ray objects per call), as it did before ``generate`` became one
+    actor call."""
     from slr.contracts.engine import collect
 
-    async def generate(prompt_ids, sampling, *, session_id=None):
-        return await collect(replica.stream(prompt_ids, sampling, session_id=session_id))
+    def collecting(replica):
+        async def generate(prompt_ids, sampling, *, session_id=None):
+            return await collect(replica.stream(prompt_ids, sampling, session_id=session_id))
 
-    replica.generate = generate
+        return generate
+
+    for _, replica in getattr(engine, "replicas", []):
+        replica.generate = collecting(replica)
 
 
 def pct(values, q):
@@ -264,8 +269,7 @@ class ProxyHost:
             }
             for name, engine in engines.items():
                 if not VARIANTS[name][0]:
-                    for _, replica in engine.replicas:
-                        collect_stream(replica)
+                    collect_stream(engine)
         self.engines = engines
         self.timed = TimedEngine(next(iter(engines.values())))
         self.calls: dict[str, list[tuple[float, float]]] = {}
@@ -336,9 +340,6 @@ class ProxyHost:
 
         from slr.proxy.messages import Message
 
-        async def cpu():
-            return time.thread_time()
-
         self.timed.target = self.engines[variant]
         self.proxy = self.proxies[VARIANTS[variant][1]]
         s = self.proxy.open_session("bench-long")
@@ -346,9 +347,9 @@ class ProxyHost:
         messages, cpu_ms, prompt_tokens = [], [], []
         for i in range(turns):
             messages.append({"role": "user", "content": f"{QUESTION}({i})"})
-            before = self.pt.call(cpu())
+            before = self.pt.call(_cpu())[0]
             r = c.chat.completions.create(model="policy", messages=messages, max_tokens=max_tokens)
-            after = self.pt.call(cpu())
+            after = self.pt.call(_cpu())[0]
             cpu_ms.append(1000 * (after - before))
             assert r.usage is not None
             prompt_tokens.append(r.usage.prompt_tokens)
@@ -614,8 +615,7 @@ def main() -> None:
         if one_call not in by_mode:
             by_mode[one_call] = start_engine(args.engine, model, tok, folder, args.engine_device)
             if not one_call:
-                for _, replica in getattr(by_mode[one_call], "replicas", []):
-                    collect_stream(replica)
+                collect_stream(by_mode[one_call])
         engines[name] = by_mode[one_call]
     sampling = SamplingParams(max_tokens=args.max_tokens, stop_token_ids=())
     report: dict = {
