@@ -119,9 +119,13 @@ def emit(plugins: PluginManager, hook: str, **kwargs: Any) -> None:
 
 
 def sampling_of(config: Config) -> SamplingParams:
-    """The sampling every command uses: ``[rollout]``'s."""
+    """The sampling every command uses: ``[rollout]``'s, seeded by ``[run] seed`` (each
+    call's own seed derives from it, the trial id and the call number:
+    ``slr.proxy.session.call_seed``)."""
     r = config.rollout
-    return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens)
+    return SamplingParams(
+        temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens, seed=config.run.seed
+    )
 
 
 class Rollout:

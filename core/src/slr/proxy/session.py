@@ -123,6 +123,19 @@ class CallTimer:
 _T = TypeVar("_T")
 
 
+def call_seed(base: int | None, trial_id: str, call: int) -> int | None:
+    """The sampling seed of call number ``call`` (0-based) of trial ``trial_id`` under the
+    base seed ``base`` (``[run] seed``); None without a base (fresh entropy per call).
+
+    A pure function of the three, so a trial samples the same tokens whichever other
+    requests share the engine's batch and whenever it runs; the trials of one group differ
+    by their ids, the calls of one trial by their number."""
+    if base is None:
+        return None
+    digest = hashlib.blake2b(f"{base}:{trial_id}:{call}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # 63 bits: every engine takes that
+
+
 def new_token() -> str:
     """A session token: 256 random bits (``secrets``), URL-safe, so it can sit in a path."""
     return "slr-" + secrets.token_urlsafe(32)
@@ -385,7 +398,9 @@ class Completer:
             max_tokens=max(1, min(req.max_tokens or d.max_tokens, d.max_tokens, room)),
             stop=req.stop,
             stop_token_ids=self.stop_token_ids,
-            seed=d.seed if req.seed is None else req.seed,
+            seed=call_seed(d.seed, state.trial_id, state.accumulator.calls)
+            if req.seed is None or not honor
+            else req.seed,
         )
         return prepared, sampling
 
