@@ -4,7 +4,7 @@
 #
 #     bash examples/quickstart/run.sh
 #
-# About 30 minutes on 2 CPU cores once set up (see README.md next to this file). Extra
+# About 15 minutes on 2 quiet CPU cores once set up (see README.md next to this file). Extra
 # arguments go to `slr run`, e.g. --set run.steps=4. QUICKSTART_K sets the trials per
 # held-out task of each evaluation (default 4). QUICKSTART_CONFIG picks the config, e.g.
 # examples/quickstart/slr-lora.toml (the LoRA variant).
