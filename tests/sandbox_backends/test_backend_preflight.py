@@ -144,3 +144,113 @@ def test_local_image_roots_without_any_image_store_are_fatal_with_the_fix(monkey
 def test_local_image_roots_from_the_docker_store_pass():
     [result] = check("local-images", "local", 'backend.rootfs="image"')
     assert result.status == "pass" and "docker image store" in result.message
+
+
+class _Nodes:
+    """The two calls ``node_pids_limits`` makes, answered from a dict of kubelet configs."""
+
+    def __init__(self, configz: dict[str, object], fail: Exception | None = None):
+        self.configz, self.fail = configz, fail
+        self.proxied: list[str] = []
+
+    def list_node(self, label_selector, _request_timeout):
+        from types import SimpleNamespace
+
+        self.selector = label_selector
+        names = list(self.configz)[::-1]  # not in name order: the check sorts them
+        return SimpleNamespace(
+            items=[SimpleNamespace(metadata=SimpleNamespace(name=n)) for n in names]
+        )
+
+    def connect_get_node_proxy_with_path(self, name, path, _preload_content, _request_timeout):
+        import json
+        from types import SimpleNamespace
+
+        assert path == "configz"
+        if self.fail:
+            raise self.fail
+        self.proxied.append(name)
+        return SimpleNamespace(data=json.dumps(self.configz[name]).encode())
+
+
+def test_k8s_pod_pids_limit_reads_the_kubelet_configuration():
+    from slr_backend_k8s.preflight import pod_pids_limit
+
+    assert pod_pids_limit({"kubeletconfig": {"podPidsLimit": 4096}}) == 4096
+    assert pod_pids_limit({"podPidsLimit": 100}) == 100  # a bare KubeletConfiguration
+    # unset, -1 and 0 all leave a pod's pids.max at "max"
+    for unlimited in (
+        {"kubeletconfig": {}},
+        {"kubeletconfig": {"podPidsLimit": -1}},
+        {"kubeletconfig": {"podPidsLimit": 0}},
+        {"kubeletconfig": {"podPidsLimit": True}},
+        [],
+        "garbage",
+    ):
+        assert pod_pids_limit(unlimited) is None, unlimited
+
+
+def test_k8s_node_pids_limits_per_node_sorted_and_bounded():
+    from types import SimpleNamespace
+
+    from slr_backend_k8s.preflight import NodeUnreadable, node_pids_limits
+
+    nodes = _Nodes({f"n{i}": {"kubeletconfig": {"podPidsLimit": 100 + i}} for i in range(5)})
+    nodes.configz["n9"] = {"kubeletconfig": {}}
+    count, limits = node_pids_limits(SimpleNamespace(core=nodes), {"pool": "trials"}, most=3)
+    assert nodes.selector == "pool=trials"
+    assert count == 6 and limits == {"n0": 100, "n1": 101, "n2": 102}  # the first 3 by name
+    _, limits = node_pids_limits(SimpleNamespace(core=nodes), {})
+    assert limits["n9"] is None and limits["n4"] == 104
+
+    denied = _Nodes({"n0": {}}, fail=RuntimeError("403 forbidden: nodes/proxy"))
+    with pytest.raises(NodeUnreadable, match="kubelet configuration of node 'n0'.*403"):
+        node_pids_limits(SimpleNamespace(core=denied), {})
+
+
+@pytest.mark.parametrize(
+    ("configz", "status", "words"),
+    [
+        ({"a": {"kubeletconfig": {"podPidsLimit": 4096}}}, "pass", "limited to 4096 processes"),
+        (
+            {"a": {"kubeletconfig": {"podPidsLimit": 4096}}, "b": {"kubeletconfig": {}}},
+            "warn",
+            "1 of 2 nodes run pods with no process limit (kubelet podPidsLimit unset: b)",
+        ),
+        ({}, "warn", "no node"),
+    ],
+)
+def test_k8s_pids_check_warns_on_a_node_without_a_process_limit(
+    monkeypatch, tmp_path, configz, status, words
+):
+    import slr_backend_k8s.api as api
+
+    class FakeApi:
+        def __init__(self, **_):
+            self.core = _Nodes(configz)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(api, "KubeApi", FakeApi)
+    [result] = check("k8s-pids", "k8s")
+    assert result.status == status and words in result.message, result
+    if status == "warn" and configz:
+        assert "podPidsLimit: 4096" in result.fix
+        assert result.doc == "docs/troubleshooting/sandboxes.md#pods-without-a-process-limit"
+
+
+def test_k8s_pids_check_warns_when_the_nodes_cannot_be_read(monkeypatch):
+    import slr_backend_k8s.api as api
+
+    class Denied:
+        def __init__(self, **_):
+            self.core = _Nodes({"a": {}}, fail=RuntimeError("403 forbidden"))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(api, "KubeApi", Denied)
+    [result] = check("k8s-pids", "k8s")
+    assert result.status == "warn" and "cannot tell" in result.message, result
+    assert "nodes/proxy" in result.fix and "podPidsLimit" in result.fix

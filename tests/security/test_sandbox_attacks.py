@@ -3,8 +3,9 @@
 The agent is a shell script run in the agent phase of a real trial, as a cheating scaffold
 would run it (``sandbox_attacks.HostileAgent``). The read-and-reach attacks share one
 trial per backend (each test judges one attack's output); the resource attacks run inside
-limits the test sets (the local backend's own, a docker container's), never against the
-machine unbounded, each beside a well-behaved trial that must still score 1.
+limits the test sets (the local backend's own, a docker container's; on k8s the pod's memory
+and the kubelet's process limit, which the fork bomb first checks is there), never against
+the machine unbounded, each beside a well-behaved trial that must still score 1.
 
 Each test fails when its defence is removed; docs/sandboxes.md has the table.
 """
@@ -19,8 +20,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 from sandbox_attacks import (
     HISTORY_SECRET,
@@ -34,7 +37,7 @@ from sandbox_attacks import (
 from slr_verifier_harbor.verifier import HarborVerifier
 
 from slr.agents.model_free import OracleAgent
-from slr.contracts import TerminationReason
+from slr.contracts import Sandbox, TerminationReason
 from slr.tasks import load_task
 from slr.testing.sandbox_probes import stand_in_proxy
 from slr.trial import StandInSessions, run_trial
@@ -416,25 +419,6 @@ def _host_processes(needle: str) -> list[int]:
 # -- resource exhaustion, inside limits the test sets --------------------------------------
 
 RESOURCE_ATTACKS = {
-    # tries 3x the limit, then stops: bounded even with no defence
-    "fork": f"""
-        python3 - <<'EOF'
-import os, signal, time
-kids = []
-for _ in range({3 * PIDS}):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        signal.pause()
-        os._exit(0)
-    kids.append(pid)
-print(f"forked={{len(kids)}}")
-for k in kids:
-    os.kill(k, 9)
-EOF
-        """,
     "memory": f"""
         python3 - <<'EOF'
 import sys
@@ -492,15 +476,126 @@ def resource_attacks(backend, tmp_path_factory):
     return attacker, attacked, neighbour
 
 
-def test_fork_bomb_is_contained(resource_attacks, backend):
-    agent, _, neighbour = resource_attacks
-    forked = int(agent.fields("fork")["forked"])
-    if type(backend).__name__ == "K8sBackend" and forked >= PIDS:
-        # A pod spec has no pids limit: it is the kubelet's podPidsLimit, a cluster setting
-        # (docs/sandboxes.md), which the local test cluster leaves unset.
-        pytest.xfail(f"k8s: {forked} processes; set the kubelet's podPidsLimit")
-    assert forked < PIDS, f"forked {forked} processes with a limit of {PIDS}"
-    assert neighbour.reward.value == 1.0
+# -- fork bomb: against the process limit each backend puts on one sandbox -----------------
+
+FORKLING = "slr-sec-forkling"
+# What one blocked child costs (sleep: its private pages and page tables), measured on the
+# local cluster at ~185 KB: the fork bomb's task gets this much memory per process its limit
+# allows, so that the process limit, not the memory limit, is what stops it.
+KB_PER_PROCESS = 256
+
+
+def fork_bomb(tries: int) -> str:
+    """Start up to ``tries`` blocked processes (each named ``FORKLING`` and carrying the
+    command's environment), stop at the first refusal, print how many ran, kill them."""
+    return f"""
+        python3 - <<'EOF'
+import os
+kids = []
+for _ in range({tries}):
+    try:
+        kids.append(os.posix_spawn("/bin/sleep", ["{FORKLING}", "600"], os.environ))
+    except OSError:
+        break
+print(f"forked={{len(kids)}}", flush=True)
+for k in kids:
+    os.kill(k, 9)
+for k in kids:
+    os.waitpid(k, 0)
+EOF
+        """
+
+
+def _pids_limit(backend) -> int:
+    """The most processes one sandbox may hold: the limit this test gives the local and
+    docker backends; on k8s the kubelet's ``podPidsLimit`` (no pod field sets one in
+    Kubernetes 1.20), which every node must set (what ``slr preflight``'s k8s-pids checks)."""
+    if not _is_k8s(backend):
+        return PIDS
+    from slr_backend_k8s.preflight import PIDS_SETTING, node_pids_limits
+
+    _, limits = node_pids_limits(backend.api, dict(backend.config.node_selector))
+    assert limits, "no node in the cluster"
+    unlimited = [name for name, limit in limits.items() if limit is None]
+    assert not unlimited, (
+        f"nodes {unlimited} give pods no process limit: set the kubelet's {PIDS_SETTING} "
+        f"(the local cluster's up.sh writes {PIDS_SETTING}: 4096)"
+    )
+    return min(v for v in limits.values() if v is not None)
+
+
+def _is_k8s(backend) -> bool:
+    return type(backend).__name__ == "K8sBackend"
+
+
+def _k8s_pod_pids_max(backend, sandbox) -> str:
+    """``pids.max`` of the sandbox's pod, as the kubelet set it on the node (this machine).
+
+    Inside the container, ``/sys/fs/cgroup/pids`` (cgroup v1) is the container's own group,
+    whose limit is ``max``; the kubelet's ``podPidsLimit`` is on the pod's group, one up."""
+    uid = backend.api.core.read_namespaced_pod(sandbox.name, sandbox.namespace).metadata.uid
+    root = Path("/sys/fs/cgroup")
+    names = {f"pod{uid}", f"pod{uid.replace('-', '_')}"}  # cgroupfs / systemd driver
+    groups = [
+        d
+        for top in (root / "pids", root)
+        for d in top.glob("kubepods*/**/*pod*")
+        if any(d.name.endswith(n) or d.name.endswith(f"{n}.slice") for n in names)
+    ]
+    assert groups, f"no cgroup of pod {sandbox.name} (uid {uid}) under {root}"
+    return (groups[0] / "pids.max").read_text().strip()
+
+
+@attrs.define
+class ForkBomber(HostileAgent):
+    """Reads the process limit its own sandbox is under, then tries three times past it."""
+
+    limit_of: Callable[[Sandbox], str] = attrs.field(default=lambda sandbox: str(PIDS))
+    seen_limit: str = ""
+
+    async def run(self, sandbox, instruction, endpoint, *, timeout_s):
+        self.seen_limit = await asyncio.to_thread(self.limit_of, sandbox)
+        # with no limit in force, no more than the bounded burst of the other attacks
+        tries = 3 * int(self.seen_limit) if self.seen_limit.isdigit() else 3 * PIDS
+        self.scripts["fork"] = fork_bomb(tries)
+        return await super().run(sandbox, instruction, endpoint, timeout_s=timeout_s)
+
+
+def test_fork_bomb_is_contained(backend, tmp_path_factory):
+    """A fork bomb stops at the sandbox's process limit; the trial still ends normally, a
+    neighbour trial running the whole time still scores 1, and no process of it is left."""
+    limit = _pids_limit(backend)  # before any attack: a cluster without a limit fails here
+    task = make_bait_task(
+        tmp_path_factory.mktemp("forks") / "bait",
+        memory_mb=MEMORY_MB + limit * KB_PER_PROCESS // 1024,
+        storage_mb=STORAGE_MB,
+    )
+    attack_done = asyncio.Event()
+    attacker = ForkBomber(after=_set(attack_done))
+    if _is_k8s(backend):
+        attacker.limit_of = lambda sandbox: _k8s_pod_pids_max(backend, sandbox)
+
+    class PatientOracle(OracleAgent):
+        async def run(self, sandbox, instruction, endpoint, **kw):
+            await attack_done.wait()  # solve only once the attack is over
+            return await super().run(sandbox, instruction, endpoint, **kw)
+
+    async def both():
+        return await asyncio.gather(
+            _trial(backend, task, attacker),
+            _trial(backend, load_task(EXAMPLES / "hello-world"), PatientOracle()),
+        )
+
+    attacked, neighbour = asyncio.run(both())
+    # the sandbox was under the limit asked for (k8s: its pod's own pids.max)
+    assert attacker.seen_limit == str(limit), (attacker.seen_limit, limit)
+    forked = int(attacker.fields("fork")["forked"])
+    assert forked < limit, f"forked {forked} processes with a limit of {limit}"
+    # the limit stopped it, not the memory limit or a timeout (which print nothing or less)
+    assert forked >= limit // 2, f"forked only {forked} processes with a limit of {limit}"
+    assert attacked.termination == TerminationReason.COMPLETED, attacked
+    assert neighbour.reward.value == 1.0, neighbour
+    assert not _host_processes(FORKLING)
 
 
 def test_memory_hog_is_contained(resource_attacks):

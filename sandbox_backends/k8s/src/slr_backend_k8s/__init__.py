@@ -20,3 +20,4 @@ def register_preflight_checks(register):
     register("k8s-config", preflight.check_config, stage="config")
     register("k8s-api", preflight.check_api, stage="machine")
     register("k8s-images", preflight.check_images, stage="machine")
+    register("k8s-pids", preflight.check_pids, stage="machine")

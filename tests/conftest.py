@@ -1,0 +1,51 @@
+"""Suite-wide: the time spent per top-level test directory, printed at the end of the run.
+
+``--durations`` names the slowest tests; this table says where the whole run's time went
+(``.ci/run`` prints it last), so a directory that grew slow shows at a glance. Each test's
+setup, call and teardown count toward the directory of its file (``tests/<dir>``); the
+files directly in ``tests/`` count as ``tests``. A fixture shared across directories counts
+toward the test that set it up.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import PurePosixPath
+
+import pytest
+
+_seconds: defaultdict[str, float] = defaultdict(float)
+_tests: defaultdict[str, set[str]] = defaultdict(set)
+
+
+def directory_of(nodeid: str) -> str:
+    """``tests/security`` for ``tests/security/x/test_y.py::t``; ``tests`` for a file there."""
+    parts = PurePosixPath(nodeid.split("::", 1)[0]).parts
+    if len(parts) >= 3 and parts[0] == "tests":
+        return "/".join(parts[:2])
+    return parts[0] if len(parts) > 1 else "."
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    directory = directory_of(report.nodeid)
+    _seconds[directory] += report.duration
+    _tests[directory].add(report.nodeid)
+
+
+@pytest.hookimpl(trylast=True)  # after --durations: the last table before the summary line
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _seconds:
+        return
+    total = sum(_seconds.values())
+    width = max(len("directory"), *(len(d) for d in _seconds))
+    terminalreporter.write_sep("=", "time per test directory (setup + call + teardown)")
+    terminalreporter.write_line(
+        f"{'directory':<{width}}  {'tests':>6}  {'seconds':>9}  {'share':>6}"
+    )
+    for directory, seconds in sorted(_seconds.items(), key=lambda kv: -kv[1]):
+        share = seconds / total if total else 0.0
+        terminalreporter.write_line(
+            f"{directory:<{width}}  {len(_tests[directory]):>6}  {seconds:>9.1f}  {share:>6.1%}"
+        )
+    tests = sum(len(t) for t in _tests.values())
+    terminalreporter.write_line(f"{'total':<{width}}  {tests:>6}  {total:>9.1f}  {1:>6.1%}")
