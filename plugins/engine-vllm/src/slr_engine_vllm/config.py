@@ -13,14 +13,33 @@ from slr.engines.options import ServerOptions
 
 @frozen(kw_only=True)
 class VllmEngineConfig(ServerOptions):
-    executable: str = option("vllm", doc="The vLLM command to launch (found on PATH).")
+    executable: str = option(
+        "vllm",
+        doc="The vLLM command to launch (found on PATH), or the Python of vLLM's own "
+        "environment (e.g. '.venv-vllm/bin/python', which scripts/setup-vllm builds): "
+        "then the server runs as `python -m vllm.entrypoints.openai.api_server`.",
+    )
+    env: dict[str, str] = option(
+        factory=dict,
+        doc="More environment for launched servers, e.g. {VLLM_CPU_KVCACHE_SPACE = \"1\"} "
+        "(GiB of KV cache) for vLLM's CPU build, which otherwise reserves 92% of memory.",
+    )
     extra_args: list[str] = option(
         factory=list, doc="More `vllm serve` arguments, e.g. ['--tensor-parallel-size', '2']."
     )
-    weight_transfer: Literal["nccl", "none"] = option(
+    weight_transfer: Literal["nccl", "disk", "none"] = option(
         "nccl",
         doc="How update_weights reaches the servers: vLLM's NCCL weight-transfer API "
-        "(the trainer joins an NCCL group with the servers), or 'none' (updates refused).",
+        "(the trainer joins an NCCL group with the servers; GPUs), 'disk' (the weights are "
+        "written as safetensors under weights_dir and each server reloads them in place "
+        "through /collective_rpc reload_weights; any device, vLLM's CPU build included), "
+        "or 'none' (updates refused).",
+    )
+    weights_dir: str = option(
+        "",
+        doc="With weight_transfer = 'disk': the folder updates are written to, which the "
+        "servers read at the same path (a shared filesystem for servers on other hosts). "
+        "Empty: a temporary folder on this host.",
     )
     max_lora_rank: int = option(
         0,

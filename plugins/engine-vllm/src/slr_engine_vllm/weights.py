@@ -43,6 +43,10 @@ from slr.lora import write_adapter
 _FULL_NEEDS = (
     "the server in dev mode (VLLM_SERVER_DEV_MODE=1) and launched with --weight-transfer-config"
 )
+_DISK_NEEDS = (
+    "the server in dev mode (VLLM_SERVER_DEV_MODE=1, for /pause, /collective_rpc and "
+    "/reset_prefix_cache) and able to read the weights folder at the same path"
+)
 _LORA_NEEDS = (
     "the server in dev mode (VLLM_SERVER_DEV_MODE=1), launched with --enable-lora and "
     "--max-lora-rank at least the adapter's, and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
@@ -214,6 +218,54 @@ class WeightSync:
             )
         finally:
             await self._post(server, "/resume")
+
+
+    async def reload_from_disk(
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        url: str,
+        client: httpx.AsyncClient,
+        folder: Path,
+    ) -> None:
+        """Write ``state_dict`` as ``folder/model.safetensors``, then have the server at
+        ``url`` load it in place of its weights: ``POST /pause?mode=wait`` (in-flight
+        requests finish, new ones wait), ``POST /collective_rpc`` with ``reload_weights``
+        and ``weights_path=folder`` (every worker reads the folder through vLLM's own
+        checkpoint loader, so names are the model's Hugging Face names), ``POST
+        /reset_prefix_cache`` (cached prefixes were computed by the old weights), then
+        ``POST /resume``. Works on every vLLM platform, its CPU build included."""
+        server = Server(url=url, client=client)
+        await asyncio.to_thread(write_checkpoint, folder, state_dict)
+        await self._post(
+            server, "/pause", needs=_DISK_NEEDS, params={"mode": "wait", "clear_cache": "true"}
+        )
+        try:
+            await self._post(
+                server, "/collective_rpc", needs=_DISK_NEEDS, json=reload_request(folder)
+            )
+            await self._post(server, "/reset_prefix_cache", needs=_DISK_NEEDS)
+        finally:
+            await self._post(server, "/resume", needs=_DISK_NEEDS)
+
+
+def write_checkpoint(folder: Path, state_dict: Mapping[str, Any]) -> Path:
+    """``folder/model.safetensors`` holding ``state_dict`` (contiguous CPU tensors; tied
+    tensors written once each under their own name)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in state_dict.items()}
+    path = folder / "model.safetensors"
+    tmp = folder / "model.safetensors.partial"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(path)  # the server never reads half a file
+    return path
+
+
+def reload_request(folder: Path) -> dict[str, Any]:
+    """The body of vLLM's ``/collective_rpc`` that reloads the weights found in ``folder``."""
+    return {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
 
 
 def load_adapter_request(name: str, folder: Path) -> dict[str, Any]:
