@@ -37,6 +37,7 @@ def vllm_config(tmp_path: Path, **overrides):
         "executable": str(VLLM_PYTHON),
         "max_context": MAX_CONTEXT,
         "weight_transfer": "disk",
+        "device": "cpu",
         "weights_dir": str(tmp_path / "weights"),
         "log_dir": str(tmp_path / "logs"),
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
@@ -69,9 +70,7 @@ def smollm2_fp32():
     from slr_engine_hf.models import resolve
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve("smollm2-135m-instruct"), dtype="float32"
-    )
+    model = AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m-instruct"), dtype="float32")
     return model.eval()
 
 
@@ -83,7 +82,9 @@ def record(request):
     """``record(what, **figures)``: a measured figure, printed at the end of the run."""
 
     def add(what: str, **figures: float) -> None:
-        shown = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())
+        shown = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()
+        )
         _figures.append(f"{what}: {shown}")
         request.node.user_properties.append((what, figures))
 

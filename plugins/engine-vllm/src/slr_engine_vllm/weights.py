@@ -219,7 +219,6 @@ class WeightSync:
         finally:
             await self._post(server, "/resume")
 
-
     async def reload_from_disk(
         self,
         state_dict: Mapping[str, Any],
