@@ -17,7 +17,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = Path(os.environ.get("SLR_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-VLLM_VERSION = "0.32.0"  # scripts/vllm-lock.txt
 MAX_CONTEXT = 2048
 
 
