@@ -193,6 +193,7 @@ class Soak:
         self.dockerd = dockerd
         self.rng = random.Random(args.seed)
         self.faults: list[dict[str, Any]] = []
+        self.missed: list[dict[str, Any]] = []  # faults tried that found nothing to hit
         self.crashes: list[dict[str, Any]] = []  # the run stopped without being killed
         self.proc: subprocess.Popen[bytes] | None = None
         self.resumes = 0
@@ -331,11 +332,16 @@ class Soak:
             if not self._until(lambda end=gap_end: time.monotonic() >= end, mean_gap * 10):
                 break
             if not order:
-                order = list(kinds)
-                self.rng.shuffle(order)  # every kind as often as the others, in random order
-            fault = self.inject(order.pop())
+                order = list(kinds)[::-1]  # popped from the end: --faults' order
+                if not args.in_order:
+                    self.rng.shuffle(order)  # every kind as often as the others, at random
+            kind = order.pop()
+            fault = self.inject(kind)
             if fault is not None:
                 self.faults.append(fault)
+            else:  # no victim before the run ended (or none to be had): say so in the figures
+                ended = self.proc is not None and self.proc.poll() is not None
+                self.missed.append({"kind": kind, "run_ended": ended})
         deadline = time.monotonic() + args.grace  # to finish, once the faults are over
         while not self._check_exit():
             if time.monotonic() > deadline:
@@ -402,6 +408,7 @@ def figures(soak: Soak, wall_s: float) -> dict[str, Any]:
         "trials_asked": soak.args.trials,
         "tmpfs": soak.tmpfs,
         "faults": by_kind,
+        "missed_faults": soak.missed,
         "fault_log": [
             {
                 "kind": f["kind"],
@@ -467,6 +474,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--n-faults", type=int, default=10, help="faults over the duration")
     ap.add_argument("--faults", default="engine,sandbox,coordinator,disk",
                     help=f"comma-separated kinds of {KINDS}")  # fmt: skip
+    ap.add_argument("--in-order", action="store_true",
+                    help="inject --faults in the order given, not shuffled")  # fmt: skip
     ap.add_argument("--workers", type=int, default=0, help="rollout workers (Ray actors)")
     ap.add_argument("--agent", choices=["mini-swe-agent", "oracle"], default="mini-swe-agent")
     ap.add_argument("--backend", choices=["local", "docker"], default="local",

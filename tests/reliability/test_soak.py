@@ -35,13 +35,16 @@ def test_killing_an_engine_replica_and_a_sandbox_mid_run_loses_nothing():
     soak = _soak()
     args = soak.parser().parse_args(
         [
-            "--agent", "oracle", "--trials", "32", "--concurrency", "4",
-            "--duration", "2", "--n-faults", "2", "--faults", "engine,sandbox",
+            "--agent", "oracle", "--trials", "48", "--concurrency", "4",
+            "--duration", "2", "--n-faults", "2", "--faults", "engine,sandbox", "--in-order",
             "--grace", "180",
         ]
     )  # fmt: skip
     args.faults = args.faults.split(",")
     out = soak.run_soak(args)
+    # the replica first (one always exists while the run lives), then a sandbox (it waits for
+    # a command to run); 48 trials leave the run ~12 s of trials after the first one for both
+    assert out["missed_faults"] == [], out["fault_log"]
     assert out["faults"].get("engine", {}).get("injected") == 1, out
     assert out["faults"].get("sandbox", {}).get("injected") == 1, out
     assert out["finished"], out["crash_tails"]
