@@ -139,6 +139,24 @@ def _trial(backend, task, agent, sessions=None, **kw):
     )
 
 
+def _beside_a_patient_neighbour(backend, task, attacker, attack_done: asyncio.Event):
+    """The attacker's trial and, at the same time, a neighbour's (hello-world, the oracle)
+    that solves its task only once the attack is over: both trials' results."""
+
+    class PatientOracle(OracleAgent):
+        async def run(self, sandbox, instruction, endpoint, **kw):
+            await attack_done.wait()
+            return await super().run(sandbox, instruction, endpoint, **kw)
+
+    async def both():
+        return await asyncio.gather(
+            _trial(backend, task, attacker),
+            _trial(backend, load_task(EXAMPLES / "hello-world"), PatientOracle()),
+        )
+
+    return asyncio.run(both())
+
+
 @pytest.fixture(scope="module")
 def host_listener():
     """A TCP listener on the host's loopback that is not the proxy; yields its port."""
@@ -461,18 +479,7 @@ def resource_attacks(backend, tmp_path_factory):
     attack_done = asyncio.Event()
     attacker = HostileAgent(scripts=dict(RESOURCE_ATTACKS), after=_set(attack_done))
 
-    class PatientOracle(OracleAgent):
-        async def run(self, sandbox, instruction, endpoint, **kw):
-            await attack_done.wait()  # solve only once the attacks are over
-            return await super().run(sandbox, instruction, endpoint, **kw)
-
-    async def both():
-        return await asyncio.gather(
-            _trial(backend, task, attacker),
-            _trial(backend, load_task(EXAMPLES / "hello-world"), PatientOracle()),
-        )
-
-    attacked, neighbour = asyncio.run(both())
+    attacked, neighbour = _beside_a_patient_neighbour(backend, task, attacker, attack_done)
     return attacker, attacked, neighbour
 
 
@@ -575,18 +582,7 @@ def test_fork_bomb_is_contained(backend, tmp_path_factory):
     if _is_k8s(backend):
         attacker.limit_of = lambda sandbox: _k8s_pod_pids_max(backend, sandbox)
 
-    class PatientOracle(OracleAgent):
-        async def run(self, sandbox, instruction, endpoint, **kw):
-            await attack_done.wait()  # solve only once the attack is over
-            return await super().run(sandbox, instruction, endpoint, **kw)
-
-    async def both():
-        return await asyncio.gather(
-            _trial(backend, task, attacker),
-            _trial(backend, load_task(EXAMPLES / "hello-world"), PatientOracle()),
-        )
-
-    attacked, neighbour = asyncio.run(both())
+    attacked, neighbour = _beside_a_patient_neighbour(backend, task, attacker, attack_done)
     # the sandbox was under the limit asked for (k8s: its pod's own pids.max)
     assert attacker.seen_limit == str(limit), (attacker.seen_limit, limit)
     forked = int(attacker.fields("fork")["forked"])
