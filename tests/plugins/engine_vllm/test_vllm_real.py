@@ -54,12 +54,17 @@ def _pearson(a: list[float], b: list[float]) -> float:
     return float(torch.corrcoef(torch.tensor([a, b], dtype=torch.float64))[0, 1])
 
 
-def _running(engine) -> float:
-    """vLLM's own gauge of requests it is generating for (``/metrics``)."""
+def _metric(engine, name: str) -> float:
+    """One of vLLM's own Prometheus series (``/metrics``), summed over its labels."""
     text = httpx.get(f"{engine.url}/metrics", timeout=10).text
-    found = re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-    assert found, "no vllm:num_requests_running in /metrics"
+    found = re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
+    assert found, f"no {name} in /metrics"
     return sum(float(v) for v in found)
+
+
+def _running(engine) -> float:
+    """vLLM's own gauge of requests it is generating for."""
+    return _metric(engine, "vllm:num_requests_running")
 
 
 def test_the_server_is_the_real_vllm(real_vllm):
@@ -111,30 +116,53 @@ def test_logprobs_equal_an_fp32_forward_pass(real_vllm, smollm2_fp32, temperatur
 
 def test_a_disconnected_client_stops_the_generation(real_vllm, record):
     """Closing a stream (an agent that hung up) aborts the request in the server: vLLM's
-    running gauge falls to 0 long before the 1500 tokens asked for could be generated."""
+    running gauge falls to 0, and its own count of generated tokens stops far short of the
+    1500 asked for.
+
+    The request must still be live when the client hangs up, or the test proves nothing: a
+    sampled answer that ends (EOS) within its first tokens is retried with the next seed."""
     prompt = _prompt(real_vllm, "Count from one to one thousand, in words.")
 
-    async def hang_up():
+    async def hang_up(seed: int) -> tuple[float, float] | None:
         chunks = real_vllm.stream(
-            prompt, SamplingParams(max_tokens=1500, temperature=1.0, seed=1, stop_token_ids=[])
+            prompt, SamplingParams(max_tokens=1500, temperature=1.0, seed=seed)
         )
         got = 0
-        async for chunk in chunks:
-            got += len(chunk.token_ids)
-            if got >= 5:
-                break
-        assert _running(real_vllm) >= 1  # generating for us right now
-        await chunks.aclose()
-        return time.monotonic()
+        try:
+            async for chunk in chunks:
+                if chunk.finish_reason is not None:
+                    return None  # ended by itself: nothing left to abort
+                got += len(chunk.token_ids)
+                if got >= 5:
+                    break
+            # live on the server (the gauge is set once per engine step, after the tokens)
+            deadline = time.monotonic() + 5
+            while _running(real_vllm) < 1:
+                assert time.monotonic() < deadline, "a live stream, yet vLLM runs no request"
+                await asyncio.sleep(0.02)
+            tokens_at_close = _metric(real_vllm, "vllm:generation_tokens_total")
+            assert tokens_at_close >= got  # the counter counts this request's tokens
+        finally:
+            await chunks.aclose()
+        return time.monotonic(), tokens_at_close
 
-    closed = asyncio.run(hang_up())
+    for seed in range(1, 9):
+        if (hung_up := asyncio.run(hang_up(seed))) is not None:
+            break
+        while _running(real_vllm) > 0:  # the finished one leaves before the next seed
+            time.sleep(0.05)
+    else:
+        pytest.fail("every seed's answer ended within 5 tokens: no live stream to hang up on")
+    closed, tokens_at_close = hung_up
     while _running(real_vllm) > 0:
         assert time.monotonic() - closed < 10, "vLLM still generates for a client that left"
         time.sleep(0.05)
     idle = time.monotonic() - closed
-    record("vllm disconnect -> idle", seconds=idle)
+    after_close = _metric(real_vllm, "vllm:generation_tokens_total") - tokens_at_close
+    record("vllm disconnect -> idle", seconds=idle, tokens_after_close=after_close, seed=seed)
     # the gauge is refreshed by the engine loop; idle within a few of its steps
     assert idle < 5, idle
+    assert after_close < 200, after_close  # not the ~1500 a request left running makes
 
 
 def test_weights_reloaded_from_disk_are_what_the_server_computes(real_vllm, smollm2_fp32, record):
