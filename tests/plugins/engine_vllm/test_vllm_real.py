@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 import torch
+from vllm_real_support import LOGPROB_TOLERANCE, pearson, prompt_of, reference_logprobs
 
 from slr.contracts import SamplingParams
 from slr.testing import EngineTests
@@ -28,30 +29,7 @@ QUESTIONS = [
     "What is the capital of France? Answer in one word.",
     "Explain, in a few sentences, why the sky is blue during the day and red at sunset.",
 ]
-# fp32 on both sides; vLLM's CPU kernels (its own attention, fused norms) and torch's differ
-# in summation order only: the measured worst is ~1e-5 (see the README's table)
-LOGPROB_TOLERANCE = 1e-3
 VLLM_VERSION = "0.32.0"  # scripts/vllm-lock.txt
-
-
-def _prompt(engine, question: str) -> list[int]:
-    from slr_engine_hf import tiny
-
-    return list(tiny.chat_prompt(engine.tokenizer, [{"role": "user", "content": question}]))
-
-
-def _reference(model, prompt, tokens, temperature: float) -> list[float]:
-    """The trainer's view: log_softmax(logits / T) of each sampled token, one fp32 pass."""
-    ids = torch.tensor([list(prompt) + list(tokens)])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    lp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-    start = len(prompt) - 1
-    return [float(lp[start + i, t]) for i, t in enumerate(tokens)]
-
-
-def _pearson(a: list[float], b: list[float]) -> float:
-    return float(torch.corrcoef(torch.tensor([a, b], dtype=torch.float64))[0, 1])
 
 
 def _metric(engine, name: str) -> float:
@@ -89,7 +67,7 @@ class TestVllmEngineConformanceAgainstRealServer(EngineTests):
 def test_logprobs_equal_an_fp32_forward_pass(real_vllm, smollm2_fp32, temperature, record):
     """The proxy records the server's log-probs as the behaviour policy: with
     ``--logprobs-mode processed_logprobs`` and fp32 they are the trainer's own numbers."""
-    prompts = [_prompt(real_vllm, q) for q in QUESTIONS]
+    prompts = [prompt_of(real_vllm, q) for q in QUESTIONS]
 
     async def all_of_them():
         return await asyncio.gather(
@@ -105,13 +83,13 @@ def test_logprobs_equal_an_fp32_forward_pass(real_vllm, smollm2_fp32, temperatur
     served, recomputed = [], []
     for prompt, gen in zip(prompts, gens, strict=True):
         served += gen.logprobs
-        recomputed += _reference(smollm2_fp32, prompt, gen.token_ids, temperature)
+        recomputed += reference_logprobs(smollm2_fp32, prompt, gen.token_ids, temperature)
     worst = max(abs(a - b) for a, b in zip(served, recomputed, strict=True))
-    pearson = _pearson(served, recomputed)
-    record(f"vllm logprobs T={temperature}", tokens=len(served), max_abs=worst, pearson=pearson)
+    correlation = pearson(served, recomputed)
+    record(f"vllm logprobs T={temperature}", tokens=len(served), max_abs=worst, pearson=correlation)
     assert len(served) >= 60  # real text, not four empty answers
-    assert worst <= LOGPROB_TOLERANCE, (worst, pearson)
-    assert pearson > 0.9999, pearson
+    assert worst <= LOGPROB_TOLERANCE, (worst, correlation)
+    assert correlation > 0.9999, correlation
 
 
 def test_a_disconnected_client_stops_the_generation(real_vllm, record):
@@ -121,7 +99,7 @@ def test_a_disconnected_client_stops_the_generation(real_vllm, record):
 
     The request must still be live when the client hangs up, or the test proves nothing: a
     sampled answer that ends (EOS) within its first tokens is retried with the next seed."""
-    prompt = _prompt(real_vllm, "Count from one to one thousand, in words.")
+    prompt = prompt_of(real_vllm, "Count from one to one thousand, in words.")
 
     async def hang_up(seed: int) -> tuple[float, float] | None:
         chunks = real_vllm.stream(
@@ -170,7 +148,7 @@ def test_weights_reloaded_from_disk_are_what_the_server_computes(real_vllm, smol
     reloads them in place; its log-probs then match a forward pass of the NEW weights (and
     not the old), generations carry the new version, and the old weights come back the
     same way."""
-    prompt = _prompt(real_vllm, QUESTIONS[1])
+    prompt = prompt_of(real_vllm, QUESTIONS[1])
     params = SamplingParams(max_tokens=24, temperature=1.0, seed=7)
     before = asyncio.run(real_vllm.generate(prompt, params))
     original = {k: v.detach().clone() for k, v in smollm2_fp32.state_dict().items()}
@@ -188,10 +166,10 @@ def test_weights_reloaded_from_disk_are_what_the_server_computes(real_vllm, smol
         after = asyncio.run(real_vllm.generate(prompt, params))
         assert set(after.weights_versions) == {new_version}
         smollm2_fp32.load_state_dict(changed)
-        expected = _reference(smollm2_fp32, prompt, after.token_ids, 1.0)
+        expected = reference_logprobs(smollm2_fp32, prompt, after.token_ids, 1.0)
         worst = max(abs(a - b) for a, b in zip(after.logprobs, expected, strict=True))
         smollm2_fp32.load_state_dict(original)
-        stale = _reference(smollm2_fp32, prompt, after.token_ids, 1.0)
+        stale = reference_logprobs(smollm2_fp32, prompt, after.token_ids, 1.0)
         stale_gap = max(abs(a - b) for a, b in zip(after.logprobs, stale, strict=True))
         record("vllm disk update", seconds=update_s, max_abs=worst, old_weights_gap=stale_gap)
         assert worst <= LOGPROB_TOLERANCE, worst

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,44 @@ def _held_bwrap(tmp_path: Path) -> tuple[Path, Path, Path]:
     return wrapper, info, release
 
 
+async def _read_fifo(path: Path, timeout_s: float) -> str | None:
+    """The first line written to the FIFO ``path`` within ``timeout_s``, or ``None``. Read
+    without blocking: a thread blocked in ``read_text`` on a FIFO nobody opens would hold
+    ``asyncio.run``'s shutdown (and the test) until pytest's timeout."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    data = b""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(BlockingIOError):  # a writer, nothing written yet
+                data += os.read(fd, 64)
+            if data.endswith(b"\n"):
+                return data.decode()
+            await asyncio.sleep(0.05)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _process_state(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return f"pid {pid} is gone"
+    state = next(line for line in status.splitlines() if line.startswith("State:"))
+    parent = next(line for line in status.splitlines() if line.startswith("PPid:"))
+    return f"pid {pid}: {state}, {parent}, waiting in {wchan or '-'}"
+
+
+def _children(pid: int) -> list[str]:
+    with contextlib.suppress(OSError):
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return [_process_state(int(k)) for k in kids]
+    return []
+
+
+@pytest.mark.timeout(120)
 def test_a_command_whose_bwrap_died_during_set_up_is_still_ended(backend, example_tasks, tmp_path):
     # bwrap's sandbox init (pid 1 of the command's namespace) asks for --die-with-parent's
     # signal only once its set-up is done. If bwrap dies first (killed alone, as asyncio's own
@@ -172,10 +211,12 @@ def test_a_command_whose_bwrap_died_during_set_up_is_still_ended(backend, exampl
             bwrap_pid = int(status.split("PPid:")[1].split()[0])
             os.kill(bwrap_pid, signal.SIGKILL)  # bwrap dies; its init is still in its set-up
             release.write_text("x")  # the orphaned init carries on and starts the command
-            try:
-                up = await asyncio.wait_for(asyncio.to_thread(started.read_text), 60)
-            except TimeoutError:
-                pytest.fail("the orphaned sandbox init never started the command")
+            up = await _read_fifo(started, 60)
+            if up is None:
+                pytest.fail(
+                    "the orphaned sandbox init never started the command within 60 s "
+                    f"({_process_state(init)}; its children: {_children(init) or 'none'})"
+                )
             assert up == "up\n"
             assert Path(f"/proc/{init}").exists(), "the init did not outlive bwrap"
             running.cancel()

