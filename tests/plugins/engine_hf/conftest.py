@@ -9,6 +9,8 @@ from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 
+from slr.testing.logprobs import reference_logprobs as fp32_reference
+
 
 @pytest.fixture(scope="session")
 def smollm2():
@@ -31,20 +33,7 @@ def tiny_engine(tiny_pair):
     asyncio.run(engine.close())
 
 
-def _reference_logprobs(model, prompt, tokens, temperature: float) -> list[float]:
-    """The trainer's view: log_softmax(logits / T) per completion token from one fp32
-    forward pass over prompt + completion (T = 0 reads as 1)."""
-    import torch
-
-    ids = torch.tensor([list(prompt) + list(tokens)])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    t = temperature if temperature > 0 else 1.0
-    lp = torch.log_softmax(logits / t, dim=-1)
-    start = len(prompt) - 1
-    return [float(lp[start + i, tok]) for i, tok in enumerate(tokens)]
-
-
 @pytest.fixture(scope="session")
 def reference_logprobs():
-    return _reference_logprobs
+    """``reference_logprobs(model, prompt, tokens, T)``: the trainer's fp32 log-probs."""
+    return fp32_reference

@@ -39,6 +39,7 @@ from slr.contracts import ContextOverflow, Engine, EngineUnavailable, SamplingPa
 from slr.errors import UsageError
 from slr.plugins import PluginManager
 from slr.testing import EngineTests
+from slr.testing.logprobs import reference_logprobs as fp32_reference
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,13 +51,7 @@ def reference_logprobs(model, state_dict, prompt, tokens, temperature):
 
     ref = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
     ref.load_state_dict(state_dict)
-    ref.eval()
-    ids = torch.tensor([list(prompt) + list(tokens)])
-    with torch.no_grad():
-        logits = ref(input_ids=ids).logits[0].float()
-    lp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-    start = len(prompt) - 1
-    return [float(lp[start + i, t]) for i, t in enumerate(tokens)]
+    return fp32_reference(ref.eval(), prompt, tokens, temperature)
 
 
 # -- request building and response parsing ---------------------------------------------

@@ -20,11 +20,8 @@ from slr_engine_vllm.protocol import ProtocolError, completion_request, parse_co
 from slr_engine_vllm.server import serve_command
 from slr_engine_vllm.weights import WeightSync
 
-from slr.balancer import LoadBalancer
 from slr.contracts import ContextOverflow, Engine, EngineUnavailable, SamplingParams
 from slr.errors import UsageError
-from slr.plugins import PluginManager
-from slr.testing import EngineTests
 
 
 @pytest.fixture(scope="module")
@@ -364,30 +361,6 @@ def test_missing_executable_is_a_usage_error(tokenizer_dir, monkeypatch):
         asyncio.run(start_engines(config))
 
 
-def test_registered_factory_builds_a_balancer_over_replicas(fake_vllm_on_path, tokenizer_dir):
-    registration = PluginManager().get("engine", "vllm")
-    assert registration.plugin.distribution == "slr-engine-vllm"
-    config = VllmEngineConfig(model="m", tokenizer=str(tokenizer_dir), replicas=2, max_context=32)
-    engine = registration.create(config)
-    try:
-        assert isinstance(engine, LoadBalancer)
-
-        async def four_sessions():
-            return await asyncio.gather(
-                *(
-                    engine.generate([1], SamplingParams(max_tokens=2), session_id=f"s{i}")
-                    for i in range(4)
-                )
-            )
-
-        gens = asyncio.run(four_sessions())
-        assert all(g.token_ids == (2, 3) for g in gens)
-        assert sorted(r["sessions"] for r in engine.metrics()["replicas"].values()) == [2, 2]
-    finally:
-        asyncio.run(engine.close())
-    assert create_engine is registration.load()
-
-
 def test_factory_works_inside_a_running_event_loop(fake_vllm_on_path, tokenizer_dir):
     config = VllmEngineConfig(model="m", tokenizer=str(tokenizer_dir), max_context=32)
 
@@ -399,29 +372,6 @@ def test_factory_works_inside_a_running_event_loop(fake_vllm_on_path, tokenizer_
             await engine.close()
 
     assert asyncio.run(inside()).token_ids == (8,)
-
-
-class TestVllmEngineConformanceAgainstStandIn(EngineTests):
-    """The contract checks that do not depend on real sampling (the stand-in's 'sampling'
-    is deterministic, so seeded reproducibility holds trivially; see README)."""
-
-    @pytest.fixture
-    def engine(self, attached):
-        return attached[0]
-
-
-def test_stream_reads_the_servers_streaming_completions(attached):
-    engine, state = attached
-
-    async def run():
-        return [c async for c in engine.stream([5, 6, 7], SamplingParams(max_tokens=3))]
-
-    chunks = asyncio.run(run())
-    body = state.requests[-1]["body"]
-    assert body["stream"] is True and body["prompt"] == [5, 6, 7]
-    assert [c.token_ids for c in chunks] == [(8,), (9,), (10,)]
-    assert [c.finish_reason for c in chunks] == [None, None, "length"]
-    assert [c.logprobs for c in chunks] == [(-0.25,), (-0.5,), (-0.75,)]
 
 
 def test_stream_errors_are_the_generate_errors(attached):

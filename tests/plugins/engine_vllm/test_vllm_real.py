@@ -10,15 +10,21 @@ disk changing what the server computes to exactly the new weights' log-probs.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import httpx
 import pytest
 import torch
-from vllm_real_support import LOGPROB_TOLERANCE, pearson, prompt_of, reference_logprobs
+from vllm_real_support import (
+    LOGPROB_TOLERANCE,
+    MAX_CONTEXT,
+    metric,
+    pearson,
+    prompt_of,
+    reference_logprobs,
+)
 
-from slr.contracts import SamplingParams
+from slr.contracts import ContextOverflow, SamplingParams
 from slr.testing import EngineTests
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -32,17 +38,9 @@ QUESTIONS = [
 VLLM_VERSION = "0.32.0"  # scripts/vllm-lock.txt
 
 
-def _metric(engine, name: str) -> float:
-    """One of vLLM's own Prometheus series (``/metrics``), summed over its labels."""
-    text = httpx.get(f"{engine.url}/metrics", timeout=10).text
-    found = re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
-    assert found, f"no {name} in /metrics"
-    return sum(float(v) for v in found)
-
-
 def _running(engine) -> float:
     """vLLM's own gauge of requests it is generating for."""
-    return _metric(engine, "vllm:num_requests_running")
+    return metric(engine.url, "vllm:num_requests_running")
 
 
 def test_the_server_is_the_real_vllm(real_vllm):
@@ -118,7 +116,7 @@ def test_a_disconnected_client_stops_the_generation(real_vllm, record):
             while _running(real_vllm) < 1:
                 assert time.monotonic() < deadline, "a live stream, yet vLLM runs no request"
                 await asyncio.sleep(0.02)
-            tokens_at_close = _metric(real_vllm, "vllm:generation_tokens_total")
+            tokens_at_close = metric(real_vllm.url, "vllm:generation_tokens_total")
             assert tokens_at_close >= got  # the counter counts this request's tokens
         finally:
             await chunks.aclose()
@@ -136,7 +134,7 @@ def test_a_disconnected_client_stops_the_generation(real_vllm, record):
         assert time.monotonic() - closed < 10, "vLLM still generates for a client that left"
         time.sleep(0.05)
     idle = time.monotonic() - closed
-    after_close = _metric(real_vllm, "vllm:generation_tokens_total") - tokens_at_close
+    after_close = metric(real_vllm.url, "vllm:generation_tokens_total") - tokens_at_close
     record("vllm disconnect -> idle", seconds=idle, tokens_after_close=after_close, seed=seed)
     # the gauge is refreshed by the engine loop; idle within a few of its steps
     assert idle < 5, idle
@@ -179,3 +177,26 @@ def test_weights_reloaded_from_disk_are_what_the_server_computes(real_vllm, smol
         asyncio.run(real_vllm.update_weights(original))
     back = asyncio.run(real_vllm.generate(prompt, params))
     assert back.token_ids == before.token_ids  # seeded: the old weights sample the same
+
+
+def test_the_servers_own_context_limit_is_a_context_overflow(real_vllm):
+    """An attached server's limit is the server's: with the engine's own check off, the real
+    server's 400 ("maximum context length") becomes ``ContextOverflow``, from ``generate``
+    and from ``stream``, and the server goes on serving."""
+    too_long = prompt_of(real_vllm, "hello " * (MAX_CONTEXT + 10))
+    assert len(too_long) > MAX_CONTEXT
+    own_check = real_vllm._max_context
+    real_vllm._max_context = 0  # let the server judge the length, as an attached one would
+
+    async def consume():
+        return [c async for c in real_vllm.stream(too_long, SamplingParams(max_tokens=2))]
+
+    try:
+        with pytest.raises(ContextOverflow):
+            asyncio.run(real_vllm.generate(too_long, SamplingParams(max_tokens=2)))
+        with pytest.raises(ContextOverflow):
+            asyncio.run(consume())
+    finally:
+        real_vllm._max_context = own_check
+    fine = asyncio.run(real_vllm.generate(prompt_of(real_vllm, "Hi"), SamplingParams(max_tokens=2)))
+    assert len(fine.token_ids) > 0

@@ -11,39 +11,34 @@ import os
 import signal
 import time
 
-import httpx
 import pytest
 from slr_engine_vllm.engine import create_engine
-from vllm_real_support import prompt_of, vllm_config
+from vllm_real_support import metric, prompt_of, vllm_config
 
 from slr.balancer import LoadBalancer
 from slr.contracts import SamplingParams
+from slr.plugins import PluginManager
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _served(url: str) -> float:
     """Requests the server itself finished (vLLM's ``request_success`` counter)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:request_success_total{")
-    )
+    return metric(url, "vllm:request_success_total")
 
 
 def _running(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:num_requests_running{")
-    )
+    return metric(url, "vllm:num_requests_running")
 
 
 @pytest.fixture(scope="module")
 def two_servers(tmp_path_factory):
-    engine = create_engine(vllm_config(tmp_path_factory.mktemp("vllm-replicas"), replicas=2))
+    """``replicas = 2`` through the registered plugin, as ``slr run`` builds the engine."""
+    registration = PluginManager().get("engine", "vllm")
+    assert registration.plugin.distribution == "slr-engine-vllm"
+    assert registration.load() is create_engine
+    config = vllm_config(tmp_path_factory.mktemp("vllm-replicas"), replicas=2)
+    engine = registration.create(config)
     assert isinstance(engine, LoadBalancer)
     yield engine
     asyncio.run(engine.close())

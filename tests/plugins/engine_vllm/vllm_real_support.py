@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 
+import httpx
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = Path(os.environ.get("SLR_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
@@ -63,15 +64,10 @@ def prompt_of(engine, question: str) -> list[int]:
     return list(tiny.chat_prompt(engine.tokenizer, [{"role": "user", "content": question}]))
 
 
-def reference_logprobs(model, prompt, tokens, temperature: float) -> list[float]:
-    """The trainer's view: log_softmax(logits / T) of each sampled token, one fp32 pass."""
-    ids = torch.tensor([list(prompt) + list(tokens)])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    lp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-    start = len(prompt) - 1
-    return [float(lp[start + i, t]) for i, t in enumerate(tokens)]
-
-
-def pearson(a: list[float], b: list[float]) -> float:
-    return float(torch.corrcoef(torch.tensor([a, b], dtype=torch.float64))[0, 1])
+def metric(url: str, name: str) -> float:
+    """One of the vLLM server's own Prometheus series (``/metrics``), summed over its
+    labels: ``vllm:num_requests_running``, ``vllm:generation_tokens_total``, ..."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
+    assert found, f"no {name} in {url}/metrics"
+    return sum(float(v) for v in found)
