@@ -171,6 +171,19 @@ async def _read_fifo(path: Path, timeout_s: float) -> str | None:
         os.close(fd)
 
 
+async def _held_at_the_block_fd(init: int, timeout_s: float = 30) -> None:
+    """Wait until bwrap's init reads its --block-fd. bwrap reports the init (--info-fd)
+    right after cloning it, and only then lets it on (an eventfd, once the parent has set
+    the namespaces up); killing bwrap before that leaves the init waiting for it forever
+    (on a busy machine the test's kill came first: the init never reached the command)."""
+    deadline = time.monotonic() + timeout_s
+    while "pipe" not in Path(f"/proc/{init}/wchan").read_text():
+        assert time.monotonic() < deadline, "bwrap's init never reached --block-fd: " + (
+            _process_state(init)
+        )
+        await asyncio.sleep(0.01)
+
+
 def _process_state(pid: int) -> str:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -207,6 +220,7 @@ def test_a_command_whose_bwrap_died_during_set_up_is_still_ended(backend, exampl
             os.mkfifo(started)
             running = asyncio.ensure_future(sb.exec("echo up > /tmp/started; exec sleep 600"))
             init = json.loads(await asyncio.to_thread(info.read_text))["child-pid"]
+            await _held_at_the_block_fd(init)
             status = Path(f"/proc/{init}/status").read_text()
             bwrap_pid = int(status.split("PPid:")[1].split()[0])
             os.kill(bwrap_pid, signal.SIGKILL)  # bwrap dies; its init is still in its set-up
@@ -243,6 +257,7 @@ def test_an_escaped_init_of_a_dead_owner_is_killed_by_cleanup_orphans(
         sb.bwrap = str(wrapper)
         running = asyncio.ensure_future(sb.exec("sleep 600"))
         init = json.loads(await asyncio.to_thread(info.read_text))["child-pid"]
+        await _held_at_the_block_fd(init)
         status = Path(f"/proc/{init}/status").read_text()
         os.kill(int(status.split("PPid:")[1].split()[0]), signal.SIGKILL)
         release.write_text("x")
