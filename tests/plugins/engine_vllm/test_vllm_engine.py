@@ -335,6 +335,21 @@ def test_launches_vllm_serve_and_stops_its_process_group(
     assert asyncio.run(engine.health()) is False
 
 
+def test_routing_capture_launches_vllms_v2_model_runner(fake_vllm_on_path, tokenizer_dir):
+    """vLLM 0.32 returns routed experts only from its V2 model runner (its config check says
+    so, and that runner needs Triton: a GPU); a launched server gets both switches."""
+    config = VllmEngineConfig(
+        model="m", tokenizer=str(tokenizer_dir), max_context=32, return_routed_experts=True
+    )
+    engine = asyncio.run(start_engines(config))[0]
+    try:
+        record = json.loads(fake_vllm_on_path.read_text())
+        assert "--enable-return-routed-experts" in record["argv"]
+        assert record["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    finally:
+        asyncio.run(engine.close())
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie waiting for its reaper counts as gone)."""
     try:

@@ -252,8 +252,13 @@ def main(argv: list[str]) -> None:
                     "argv": argv,
                     "pid": os.getpid(),
                     "env": {
-                        k: os.environ.get(k)
-                        for k in ("VLLM_SERVER_DEV_MODE", "CUDA_VISIBLE_DEVICES")
+                        k: os.environ[k]
+                        for k in (
+                            "VLLM_SERVER_DEV_MODE",
+                            "CUDA_VISIBLE_DEVICES",
+                            "VLLM_USE_V2_MODEL_RUNNER",
+                        )
+                        if k in os.environ
                     },
                 },
                 f,

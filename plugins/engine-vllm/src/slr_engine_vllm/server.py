@@ -67,6 +67,8 @@ def launch_server(config: VllmEngineConfig, *, index: int = 0) -> ServerProcess:
     env["VLLM_SERVER_DEV_MODE"] = "1"
     if config.max_lora_rank:  # /v1/load_lora_adapter is served only with this set
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if config.return_routed_experts:  # vLLM 0.32 returns routing only from its V2 runner
+        env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
     command = serve_command(
         config, executable=executable, port=port, max_context=config.max_context
     )
