@@ -19,13 +19,12 @@ from vllm_real_support import (
     LOGPROB_TOLERANCE,
     MAX_CONTEXT,
     metric,
-    pearson,
     prompt_of,
-    reference_logprobs,
 )
 
 from slr.contracts import ContextOverflow, SamplingParams
 from slr.testing import EngineTests
+from slr.testing.logprobs import pearson, reference_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -17,7 +17,6 @@ import torch
 from vllm_real_support import (
     LOGPROB_TOLERANCE,
     prompt_of,
-    reference_logprobs,
     start_vllm,
     vllm_config,
 )
@@ -25,6 +24,7 @@ from vllm_real_support import (
 from slr.contracts import SamplingParams
 from slr.contracts.weights import LoraSpec, WeightUpdate
 from slr.lora import load_weights
+from slr.testing.logprobs import reference_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
