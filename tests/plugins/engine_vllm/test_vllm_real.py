@@ -20,11 +20,12 @@ from vllm_real_support import (
     MAX_CONTEXT,
     metric,
     prompt_of,
+    running,
 )
 
 from slr.contracts import ContextOverflow, SamplingParams
 from slr.testing import EngineTests
-from slr.testing.logprobs import pearson, reference_logprobs
+from slr.testing.logprobs import max_abs_diff, pearson, reference_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -35,11 +36,6 @@ QUESTIONS = [
     "Explain, in a few sentences, why the sky is blue during the day and red at sunset.",
 ]
 VLLM_VERSION = "0.32.0"  # scripts/vllm-lock.txt
-
-
-def _running(engine) -> float:
-    """vLLM's own gauge of requests it is generating for."""
-    return metric(engine.url, "vllm:num_requests_running")
 
 
 def test_the_server_is_the_real_vllm(real_vllm):
@@ -81,7 +77,7 @@ def test_logprobs_equal_an_fp32_forward_pass(real_vllm, smollm2_fp32, temperatur
     for prompt, gen in zip(prompts, gens, strict=True):
         served += gen.logprobs
         recomputed += reference_logprobs(smollm2_fp32, prompt, gen.token_ids, temperature)
-    worst = max(abs(a - b) for a, b in zip(served, recomputed, strict=True))
+    worst = max_abs_diff(served, recomputed)
     correlation = pearson(served, recomputed)
     record(f"vllm logprobs T={temperature}", tokens=len(served), max_abs=worst, pearson=correlation)
     assert len(served) >= 60  # real text, not four empty answers
@@ -112,7 +108,7 @@ def test_a_disconnected_client_stops_the_generation(real_vllm, record):
                     break
             # live on the server (the gauge is set once per engine step, after the tokens)
             deadline = time.monotonic() + 5
-            while _running(real_vllm) < 1:
+            while running(real_vllm.url) < 1:
                 assert time.monotonic() < deadline, "a live stream, yet vLLM runs no request"
                 await asyncio.sleep(0.02)
             tokens_at_close = metric(real_vllm.url, "vllm:generation_tokens_total")
@@ -124,12 +120,12 @@ def test_a_disconnected_client_stops_the_generation(real_vllm, record):
     for seed in range(1, 9):
         if (hung_up := asyncio.run(hang_up(seed))) is not None:
             break
-        while _running(real_vllm) > 0:  # the finished one leaves before the next seed
+        while running(real_vllm.url) > 0:  # the finished one leaves before the next seed
             time.sleep(0.05)
     else:
         pytest.fail("every seed's answer ended within 5 tokens: no live stream to hang up on")
     closed, tokens_at_close = hung_up
-    while _running(real_vllm) > 0:
+    while running(real_vllm.url) > 0:
         assert time.monotonic() - closed < 10, "vLLM still generates for a client that left"
         time.sleep(0.05)
     idle = time.monotonic() - closed
@@ -164,10 +160,10 @@ def test_weights_reloaded_from_disk_are_what_the_server_computes(real_vllm, smol
         assert set(after.weights_versions) == {new_version}
         smollm2_fp32.load_state_dict(changed)
         expected = reference_logprobs(smollm2_fp32, prompt, after.token_ids, 1.0)
-        worst = max(abs(a - b) for a, b in zip(after.logprobs, expected, strict=True))
+        worst = max_abs_diff(after.logprobs, expected)
         smollm2_fp32.load_state_dict(original)
         stale = reference_logprobs(smollm2_fp32, prompt, after.token_ids, 1.0)
-        stale_gap = max(abs(a - b) for a, b in zip(after.logprobs, stale, strict=True))
+        stale_gap = max_abs_diff(after.logprobs, stale)
         record("vllm disk update", seconds=update_s, max_abs=worst, old_weights_gap=stale_gap)
         assert worst <= LOGPROB_TOLERANCE, worst
         assert stale_gap > 100 * LOGPROB_TOLERANCE, stale_gap  # the update really landed

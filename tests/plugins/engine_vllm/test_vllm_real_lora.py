@@ -24,7 +24,7 @@ from vllm_real_support import (
 from slr.contracts import SamplingParams
 from slr.contracts.weights import LoraSpec, WeightUpdate
 from slr.lora import load_weights
-from slr.testing.logprobs import reference_logprobs
+from slr.testing.logprobs import max_abs_diff, reference_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -61,16 +61,12 @@ def lora_vllm(tmp_path_factory):
     asyncio.run(engine.close())
 
 
-def _max_diff(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
-
-
 def test_an_adapter_loaded_in_place_is_what_the_server_computes(lora_vllm, smollm2_fp32, record):
     prompt = prompt_of(lora_vllm, "Write a bash command that counts the lines of every .py file.")
     params = SamplingParams(max_tokens=32, temperature=1.0, seed=3)
     base = asyncio.run(lora_vllm.generate(prompt, params))
     assert (
-        _max_diff(
+        max_abs_diff(
             list(base.logprobs), reference_logprobs(smollm2_fp32, prompt, base.token_ids, 1.0)
         )
         <= LOGPROB_TOLERANCE
@@ -86,8 +82,8 @@ def test_an_adapter_loaded_in_place_is_what_the_server_computes(lora_vllm, smoll
         adapted = copy.deepcopy(smollm2_fp32)
         load_weights(adapted, update)  # peft's layers on the base: the trainer's model
         expected = reference_logprobs(adapted, prompt, gen.token_ids, 1.0)
-        worst = _max_diff(list(gen.logprobs), expected)
-        base_gap = _max_diff(
+        worst = max_abs_diff(list(gen.logprobs), expected)
+        base_gap = max_abs_diff(
             list(gen.logprobs), reference_logprobs(smollm2_fp32, prompt, gen.token_ids, 1.0)
         )
         record(

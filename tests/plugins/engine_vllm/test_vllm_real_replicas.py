@@ -13,7 +13,7 @@ import time
 
 import pytest
 from slr_engine_vllm.engine import create_engine
-from vllm_real_support import metric, prompt_of, vllm_config
+from vllm_real_support import metric, prompt_of, running, vllm_config
 
 from slr.balancer import LoadBalancer
 from slr.contracts import SamplingParams
@@ -25,10 +25,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 def _served(url: str) -> float:
     """Requests the server itself finished (vLLM's ``request_success`` counter)."""
     return metric(url, "vllm:request_success_total")
-
-
-def _running(url: str) -> float:
-    return metric(url, "vllm:num_requests_running")
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +83,7 @@ def test_a_server_killed_mid_generation_fails_the_call_over(two_servers, record)
         engine = engines[victim]
         url = engine.url  # pyright: ignore[reportAttributeAccessIssue]
         deadline = time.monotonic() + 30
-        while await asyncio.to_thread(_running, url) < 1:  # the server generates for it now
+        while await asyncio.to_thread(running, url) < 1:  # the server generates for it now
             assert time.monotonic() < deadline and not call.done(), "never ran on its server"
             await asyncio.sleep(0.05)
         server = engine.server  # pyright: ignore[reportAttributeAccessIssue]

