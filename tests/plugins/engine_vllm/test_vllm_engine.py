@@ -405,7 +405,11 @@ def test_stream_errors_are_the_generate_errors(attached):
         asyncio.run(consume(list(range(8))))
 
 
-def test_partial_weight_update_is_refused_by_name(attached):
-    engine, _ = attached
-    with pytest.raises(NotImplementedError, match="partial weight updates"):
+def test_a_partial_update_with_routed_experts_is_refused_by_name(standin, tokenizer_dir):
+    """vLLM returns routing only with a whole completion: no token boundary to pause at."""
+    config = VllmEngineConfig(
+        model="m", tokenizer=str(tokenizer_dir), max_context=64, return_routed_experts=True
+    )
+    engine = VllmEngine(config, url=standin[1])
+    with pytest.raises(NotImplementedError, match="return_routed_experts"):
         asyncio.run(engine.update_weights({}, mode="partial"))

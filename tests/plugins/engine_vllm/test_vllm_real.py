@@ -3,8 +3,10 @@ SmolLM2-135M in fp32, launched by the engine as on a cluster (conftest.py).
 
 Each test checks what a stand-in could not: the server's own version, real sampling
 (seeded, greedy, stop tokens), per-token log-probs against an fp32 transformers forward
-pass, a disconnected client's request aborted by the server, and weights reloaded from
-disk changing what the server computes to exactly the new weights' log-probs.
+pass, a disconnected client's request aborted by the server, weights reloaded from disk
+changing what the server computes to exactly the new weights' log-probs, and a partial
+update pausing running generations at a token boundary and resuming them under the new
+weights.
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ import time
 
 import httpx
 import pytest
-import torch
 from vllm_real_support import (
     LOGPROB_TOLERANCE,
     MAX_CONTEXT,
     metric,
+    noisy_down_proj,
     prompt_of,
     running,
 )
 
 from slr.contracts import ContextOverflow, SamplingParams
+from slr.contracts.engine import ChunkCollector
 from slr.testing import EngineTests
 from slr.testing.logprobs import max_abs_diff, pearson, reference_logprobs
 
@@ -145,11 +148,7 @@ def test_weights_reloaded_from_disk_are_what_the_server_computes(real_vllm, smol
     params = SamplingParams(max_tokens=24, temperature=1.0, seed=7)
     before = asyncio.run(real_vllm.generate(prompt, params))
     original = {k: v.detach().clone() for k, v in smollm2_fp32.state_dict().items()}
-    changed = dict(original)
-    gen = torch.Generator().manual_seed(0)
-    for name in [n for n in original if n.endswith("mlp.down_proj.weight")]:
-        noise = torch.randn(original[name].shape, generator=gen) * original[name].std() * 0.5
-        changed[name] = original[name] + noise
+    changed = noisy_down_proj(original)
     version = real_vllm.weights_version
     try:
         started = time.monotonic()
@@ -172,6 +171,84 @@ def test_weights_reloaded_from_disk_are_what_the_server_computes(real_vllm, smol
         asyncio.run(real_vllm.update_weights(original))
     back = asyncio.run(real_vllm.generate(prompt, params))
     assert back.token_ids == before.token_ids  # seeded: the old weights sample the same
+
+
+def test_a_partial_update_resumes_generations_under_the_new_weights(
+    real_vllm, smollm2_fp32, record
+):
+    """mode='partial' while three streams run: each stops at a token boundary, the weights
+    are reloaded from disk, and each goes on under them as a new request. Every token's
+    log-prob equals an fp32 forward pass (over the prompt and the tokens before it) of the
+    version that sampled it: the old weights before the switch, the new ones after, and
+    nothing generated is lost or changed. The async loop updates this way."""
+    prompts = [prompt_of(real_vllm, q) for q in (QUESTIONS[1], QUESTIONS[3], QUESTIONS[3])]
+    original = {k: v.detach().clone() for k, v in smollm2_fp32.state_dict().items()}
+    changed = noisy_down_proj(original)
+    old = real_vllm.weights_version
+
+    async def one(prompt: list[int], seed: int, started: asyncio.Event) -> ChunkCollector:
+        got = ChunkCollector()
+        params = SamplingParams(max_tokens=64, temperature=1.0, seed=seed)
+        async for chunk in real_vllm.stream(prompt, params):
+            got.add(chunk)
+            if len(got.token_ids) >= 4 or chunk.finish_reason is not None:
+                started.set()
+        return got
+
+    async def run(seed: int) -> tuple[list[ChunkCollector], float, int]:
+        started = [asyncio.Event() for _ in prompts]
+        streams = [
+            asyncio.create_task(one(p, seed + i, e))
+            for i, (p, e) in enumerate(zip(prompts, started, strict=True))
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+        t0 = time.monotonic()
+        version = await real_vllm.update_weights(changed, mode="partial")
+        update_s = time.monotonic() - t0
+        return list(await asyncio.wait_for(asyncio.gather(*streams), 300)), update_s, version
+
+    try:
+        for seed in (1, 11, 21):  # until one generation spans the switch (none ended first)
+            gens, update_s, new = asyncio.run(run(seed))
+            if any(len(set(g.weights_versions)) == 2 for g in gens):
+                break
+            asyncio.run(real_vllm.update_weights(original))  # back, and try other seeds
+            old = real_vllm.weights_version
+        else:
+            pytest.fail("every generation ended before the update: nothing was paused")
+        assert new == old + 1
+        worst = 0.0
+        new_tokens = 0
+        stale_gap = 0.0
+        for prompt, got in zip(prompts, gens, strict=True):
+            gen = got.generation()
+            versions = list(gen.weights_versions)
+            assert versions == sorted(versions) and set(versions) <= {old, new}, versions
+            assert len(gen.token_ids) <= 64
+            smollm2_fp32.load_state_dict(original)
+            before = reference_logprobs(smollm2_fp32, prompt, gen.token_ids, 1.0)
+            smollm2_fp32.load_state_dict(changed)
+            after = reference_logprobs(smollm2_fp32, prompt, gen.token_ids, 1.0)
+            for i, v in enumerate(versions):
+                mine, other = (before[i], after[i]) if v == old else (after[i], before[i])
+                worst = max(worst, abs(gen.logprobs[i] - mine))
+                if v == new:
+                    new_tokens += 1
+                    stale_gap = max(stale_gap, abs(gen.logprobs[i] - other))
+        record(
+            "vllm partial update",
+            seconds=update_s,
+            max_abs=worst,
+            tokens_after=new_tokens,
+            old_weights_gap=stale_gap,
+            seed=seed,
+        )
+        assert worst <= LOGPROB_TOLERANCE, worst
+        assert new_tokens > 0 and stale_gap > 100 * LOGPROB_TOLERANCE, stale_gap
+        assert running(real_vllm.url) == 0  # the closed requests did not linger
+    finally:
+        smollm2_fp32.load_state_dict(original)
+        asyncio.run(real_vllm.update_weights(original))
 
 
 def test_the_servers_own_context_limit_is_a_context_overflow(real_vllm):

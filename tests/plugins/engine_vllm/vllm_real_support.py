@@ -76,3 +76,16 @@ def metric(url: str, name: str) -> float:
 def running(url: str) -> float:
     """Requests the server is generating for right now (vLLM's own gauge)."""
     return metric(url, "vllm:num_requests_running")
+
+
+def noisy_down_proj(state: dict, *, seed: int = 0) -> dict:
+    """``state`` with noise (half each weight's std) added to every MLP down projection:
+    new weights whose log-probs differ from the old by far more than the tolerance."""
+    import torch
+
+    changed = dict(state)
+    gen = torch.Generator().manual_seed(seed)
+    for name in [n for n in state if n.endswith("mlp.down_proj.weight")]:
+        noise = torch.randn(state[name].shape, generator=gen) * state[name].std() * 0.5
+        changed[name] = state[name] + noise
+    return changed

@@ -148,13 +148,14 @@ def make_handler(state: StandInState):
             self.end_headers()
             choice = payload["choices"][0]
             ids = choice.get("token_ids")
-            lp = choice["logprobs"]
-            n = len(lp["tokens"]) if lp else 0
+            lp = choice["logprobs"]  # None when garbled: the chunks then lack log-probs
+            n = len(lp["tokens"]) if lp else len(ids or ())
             for i in range(n):
                 part = {
                     "index": 0,
                     "text": f"<{i}>",
-                    "logprobs": {
+                    "logprobs": lp
+                    and {
                         "tokens": lp["tokens"][i : i + 1],
                         "token_logprobs": lp["token_logprobs"][i : i + 1],
                     },

@@ -1,8 +1,19 @@
-"""``VllmEngine``: one vLLM server (launched or attached) behind the Engine contract."""
+"""``VllmEngine``: one vLLM server (launched or attached) behind the Engine contract.
+
+Every generation is a stream of ``/v1/completions`` requests: normally one. When a
+``"partial"`` weight update arrives, each in-flight request is closed at the last token
+the engine has read (vLLM aborts a request whose client left), the new weights are
+loaded, and the generation continues as a new request whose prompt is the original prompt
+plus the tokens so far, under the new weights (the server recomputes their KV: the update
+clears its prefix cache). Each token records the version of the request that sampled it.
+A request's HTTP stream is read by its own task (``_read``), so an update never waits on a
+slow consumer of the stream.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
 import tempfile
@@ -10,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import structlog
 
@@ -22,7 +34,7 @@ from slr.contracts import (
     SamplingParams,
     UpdateMode,
 )
-from slr.contracts.engine import check_update_mode
+from slr.contracts.engine import check_update_mode, collect
 from slr.contracts.weights import WeightUpdate, is_lora
 from slr.engines.protocol import response_json, sse_data
 from slr.engines.remote import (
@@ -43,9 +55,15 @@ from slr_engine_vllm.protocol import (
     parse_completion,
 )
 from slr_engine_vllm.server import launch_server
-from slr_engine_vllm.weights import Transport, WeightSync
+from slr_engine_vllm.weights import Transport, WeightSync, write_checkpoint
 
 log = structlog.get_logger()
+
+_ENDED = object()  # put on a request's queue when its reader task is done, however it ended
+
+
+def _put_ended(queue: asyncio.Queue[Any], _: asyncio.Task[None]) -> None:
+    queue.put_nowait(_ENDED)
 
 
 class VllmEngine(HttpEngine):
@@ -78,6 +96,7 @@ class VllmEngine(HttpEngine):
         self._weights = WeightSync(
             transport=transport, trainer_address=config.trainer_address or None
         )
+        self._readers: set[asyncio.Task[None]] = set()  # in-flight streamed requests
 
     def launch(self) -> ServerProcess:
         return launch_server(self.config, index=self.index)
@@ -123,6 +142,16 @@ class VllmEngine(HttpEngine):
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
     ) -> Generation:
+        """The collected ``stream`` (so a partial update can pause it at a token boundary);
+        with ``return_routed_experts`` one whole completion (vLLM streams no routing)."""
+        if self.config.return_routed_experts:
+            return await self._whole(prompt_ids, sampling, session_id=session_id)
+        return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
+
+    async def _whole(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None
+    ) -> Generation:
+        """One non-streamed completion."""
         body, version = await self._request(prompt_ids, sampling, stream=False)
         headers = {"X-Session-Id": session_id} if session_id else {}
         try:
@@ -151,11 +180,13 @@ class VllmEngine(HttpEngine):
     ) -> AsyncIterator[GenerationChunk]:
         """The server's streaming completions (``stream: true``), chunk by chunk. Closing
         the stream closes the HTTP response, and vLLM aborts a request whose client left.
+        Across a partial weight update the generation continues as a new request (see the
+        module docstring).
 
         vLLM's streamed choices carry no routed experts: with ``return_routed_experts`` the
         whole completion is asked for at once and yielded as one chunk."""
         if self.config.return_routed_experts:
-            gen = await self.generate(prompt_ids, sampling, session_id=session_id)
+            gen = await self._whole(prompt_ids, sampling, session_id=session_id)
             yield GenerationChunk(
                 token_ids=gen.token_ids,
                 logprobs=gen.logprobs,
@@ -165,9 +196,48 @@ class VllmEngine(HttpEngine):
                 prompt_tokens=gen.prompt_tokens,
             )
             return
-        body, version = await self._request(prompt_ids, sampling, stream=True)
         headers = {"X-Session-Id": session_id} if session_id else {}
-        n = len(prompt_ids)
+        prompt = [int(t) for t in prompt_ids]
+        generated: list[int] = []
+        while True:
+            context = prompt + generated
+            if generated and self._max_context and len(context) >= self._max_context:
+                yield GenerationChunk(finish_reason="length", prompt_tokens=len(prompt))
+                return  # resumed with the context full: where the server would have stopped
+            left = attrs.evolve(sampling, max_tokens=sampling.max_tokens - len(generated))
+            body, version = await self._request(context, left, stream=True)
+            chunks: asyncio.Queue[Any] = asyncio.Queue()
+            reader = asyncio.create_task(
+                self._read(body, headers, prompt_tokens=len(context), version=version, out=chunks)
+            )
+            self._readers.add(reader)
+            reader.add_done_callback(self._readers.discard)
+            reader.add_done_callback(functools.partial(_put_ended, chunks))
+            try:
+                while (chunk := await chunks.get()) is not _ENDED:
+                    generated += chunk.token_ids
+                    yield attrs.evolve(chunk, prompt_tokens=len(prompt))
+                    if chunk.finish_reason is not None:
+                        return
+            finally:
+                reader.cancel()  # the consumer left (or we are done): close the request
+            if not reader.cancelled():  # cancelled: a partial update took it; go on
+                reader.result()  # raises what the request raised
+                raise EngineUnavailable(
+                    f"vLLM server {self.url} ended the stream without a finish_reason"
+                )
+
+    async def _read(
+        self,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        *,
+        prompt_tokens: int,
+        version: int,
+        out: asyncio.Queue[Any],
+    ) -> None:
+        """One streamed request: its chunks onto ``out``, errors mapped to the contract's.
+        Cancelling it closes the response (vLLM then aborts the request)."""
         try:
             async with self.client.stream(
                 "POST", f"{self.url}/v1/completions", json=body, headers=headers
@@ -178,18 +248,28 @@ class VllmEngine(HttpEngine):
                     if response.status_code >= 500:
                         raise self._server_error(response.status_code, data)
                     raise error_for(
-                        response.status_code, data, prompt_tokens=n, max_context=self._max_context
+                        response.status_code,
+                        data,
+                        prompt_tokens=prompt_tokens,
+                        max_context=self._max_context,
                     )
                 async for data in sse_data(response):
-                    chunk = parse_chunk(data, prompt_tokens=n, weights_version=version)
-                    yield chunk
+                    chunk = parse_chunk(data, prompt_tokens=prompt_tokens, weights_version=version)
+                    out.put_nowait(chunk)
                     if chunk.finish_reason is not None:
                         return
         except httpx.TransportError as exc:
             raise self._unanswered(exc) from exc
         except (ProtocolError, json.JSONDecodeError) as exc:
             raise EngineUnavailable(f"vLLM server {self.url}: {exc}") from exc
-        raise EngineUnavailable(f"vLLM server {self.url} ended the stream without a finish_reason")
+
+    async def _preempt(self) -> None:
+        """Close every in-flight request at the last token read, and wait until each is
+        closed; their streams resume once the swap is done (``stream``)."""
+        readers = list(self._readers)
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
 
     async def update_weights(
         self,
@@ -198,47 +278,59 @@ class VllmEngine(HttpEngine):
         version: int | None = None,
         mode: UpdateMode = "drain",
     ) -> int:
-        """Pause the server, stream the weights in, resume; see ``weights.WeightSync``. A
-        LoRA update is loaded as an adapter instead (``WeightSync.load_adapter``)."""
+        """Pause the server, bring the weights in, resume; see ``weights.WeightSync``. A
+        LoRA update is loaded as an adapter instead (``WeightSync.load_adapter``).
+
+        ``"drain"``: new requests wait and the server finishes the running ones
+        (``/pause?mode=wait``) before the swap. ``"partial"``: the running requests are
+        closed at a token boundary first, and continue under the new weights (``stream``).
+        From disk, the folder is written before anything pauses."""
         check_update_mode(mode)
-        if mode == "partial":
+        partial = mode == "partial"
+        if partial and self.config.return_routed_experts:
             raise NotImplementedError(
-                "partial weight updates are not implemented for vLLM yet: they need vLLM's "
-                "in-place pause (keep in-flight requests at a token boundary) or abort + "
-                "resume of each request with its tokens so far, driven around /update_weights; "
-                "use mode='drain'"
+                "a partial weight update cannot pause a vLLM generation with "
+                "return_routed_experts: vLLM returns routed experts only with the whole "
+                "completion, so such a generation has no token boundary to stop at; use "
+                "mode='drain'"
             )
         if is_lora(state_dict):
-            return await self._load_adapter(state_dict, version)
+            return await self._load_adapter(state_dict, version, partial=partial)
         if self.config.weight_transfer == "none":
             raise UsageError(
                 "this vLLM engine is configured with weight_transfer = 'none'; set it to "
                 "'nccl' (GPUs) or 'disk' to push weights from the trainer"
             )
+        new_version = version if version is not None else self._version + 1
+        folder = None
+        if self.config.weight_transfer == "disk":
+            folder = self._version_folder(new_version)
+            await asyncio.to_thread(write_checkpoint, folder, state_dict)
         async with self._swap():
-            new_version = version if version is not None else self._version + 1
-            if self.config.weight_transfer == "disk":
-                await self._reload_from_disk(state_dict, new_version)
+            if partial:
+                await self._preempt()
+            if folder is not None:
+                await self._weights.load_folder(folder, url=self.url, client=self.client)
+                for old in folder.parent.iterdir():  # the server holds these weights now
+                    if old != folder:
+                        shutil.rmtree(old, ignore_errors=True)
             else:
                 await self._weights.push(state_dict, url=self.url, client=self.client)
             self._version = new_version
             return new_version
 
-    async def _reload_from_disk(self, state_dict: Mapping[str, Any], version: int) -> None:
+    def _version_folder(self, version: int) -> Path:
+        """Where ``weight_transfer = "disk"`` writes the weights of ``version``."""
         if self._weights_dir is None:
             base = Path(self.config.weights_dir) if self.config.weights_dir else None
             if base is not None:
                 base.mkdir(parents=True, exist_ok=True)
             self._weights_dir = Path(tempfile.mkdtemp(prefix=f"weights-{self.index}-", dir=base))
-        folder = self._weights_dir / f"v{version:06d}"
-        await self._weights.reload_from_disk(
-            state_dict, url=self.url, client=self.client, folder=folder
-        )
-        for old in self._weights_dir.iterdir():  # the server holds the weights in memory now
-            if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
+        return self._weights_dir / f"v{version:06d}"
 
-    async def _load_adapter(self, update: WeightUpdate, version: int | None) -> int:
+    async def _load_adapter(
+        self, update: WeightUpdate, version: int | None, *, partial: bool
+    ) -> int:
         spec = update.lora
         assert spec is not None  # a "lora" update carries its spec
         if spec.rank > self.config.max_lora_rank:
@@ -256,6 +348,8 @@ class VllmEngine(HttpEngine):
         name = f"{self.config.served_model_name}-lora"
         folder = self._lora_dir / f"v{new_version:06d}"
         async with self._swap():
+            if partial:
+                await self._preempt()
             await self._weights.load_adapter(
                 update, url=self.url, client=self.client, name=name, folder=folder
             )

@@ -219,23 +219,15 @@ class WeightSync:
         finally:
             await self._post(server, "/resume")
 
-    async def reload_from_disk(
-        self,
-        state_dict: Mapping[str, Any],
-        *,
-        url: str,
-        client: httpx.AsyncClient,
-        folder: Path,
-    ) -> None:
-        """Write ``state_dict`` as ``folder/model.safetensors``, then have the server at
-        ``url`` load it in place of its weights: ``POST /pause?mode=wait`` (in-flight
-        requests finish, new ones wait), ``POST /collective_rpc`` with ``reload_weights``
-        and ``weights_path=folder`` (every worker reads the folder through vLLM's own
-        checkpoint loader, so names are the model's Hugging Face names), ``POST
-        /reset_prefix_cache`` (cached prefixes were computed by the old weights), then
-        ``POST /resume``. Works on every vLLM platform, its CPU build included."""
+    async def load_folder(self, folder: Path, *, url: str, client: httpx.AsyncClient) -> None:
+        """Have the server at ``url`` load ``folder`` (``write_checkpoint``'s) in place of
+        its weights: ``POST /pause?mode=wait`` (in-flight requests finish, new ones wait),
+        ``POST /collective_rpc`` with ``reload_weights`` and ``weights_path=folder`` (every
+        worker reads the folder through vLLM's own checkpoint loader, so names are the
+        model's Hugging Face names), ``POST /reset_prefix_cache`` (cached prefixes were
+        computed by the old weights), then ``POST /resume``. Works on every vLLM platform,
+        its CPU build included."""
         server = Server(url=url, client=client)
-        await asyncio.to_thread(write_checkpoint, folder, state_dict)
         await self._post(
             server, "/pause", needs=_DISK_NEEDS, params={"mode": "wait", "clear_cache": "true"}
         )
