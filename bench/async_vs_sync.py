@@ -4,6 +4,7 @@
     .venv/bin/python bench/async_vs_sync.py                  # the CPU quickstart, twice (hours)
     .venv/bin/python bench/async_vs_sync.py --quick --only long-tail --json out.json
     .venv/bin/python bench/async_vs_sync.py --only quickstart --seeds 0 1 2   # 3 runs a mode
+    .venv/bin/python bench/async_vs_sync.py --only quickstart --engine vllm  # the real vLLM
 
 Two task sets, each trained twice (``run.mode = "sync"`` then ``"async"``) with the same
 config, model and number of trained trials (``steps`` x ``tasks_per_step`` x ``n_per_task``):
@@ -18,6 +19,13 @@ config, model and number of trained trials (``steps`` x ``tasks_per_step`` x ``n
    longer. The synchronous loop waits for the slowest trial of every step, and its trials
    run their phases in lockstep (all CPU at once, then all waiting); the asynchronous one
    keeps its slots busy. Goal: >= 2x trials per hour.
+
+``--engine vllm`` rolls out with the real vLLM server instead of the embedded hf engine
+(``examples/quickstart/slr-vllm.toml``'s ``[engine]``: out of process, weights from disk;
+``bash scripts/setup-vllm`` builds it): its asynchronous runs pause generations at a token
+boundary for every weight update and resume them under the new weights. The held-out
+evaluation serves every checkpoint with the hf engine (the same weights), so the pass@1
+columns compare the training, not the evaluating engine.
 
 ``--modes`` runs only the modes named; ``--correction PRESET`` sets
 ``[algorithm.rollout_correction] preset`` (verl's off-policy correction) in every run.
@@ -90,11 +98,32 @@ def config_data(
     if args.correction:
         data["algorithm"]["rollout_correction"] = {"preset": args.correction}
     data["agent"]["config_file"] = str(QUICKSTART / "mini.yaml")
+    if args.engine == "vllm":
+        data["engine"] = vllm_engine()
     if quick:
         data["agent"] = {"name": "oracle"}
-        data["engine"] = {"name": "hf", "model": str(args.tiny_model)}
+        if args.engine == "hf":
+            data["engine"] = {"name": "hf", "model": str(args.tiny_model)}
         data["rollout"].update(n_per_task=4, concurrency=8, max_tokens=8)
     return data
+
+
+def vllm_engine() -> dict[str, Any]:
+    """The quickstart's real-vLLM ``[engine]`` (slr-vllm.toml) serving the packaged SmolLM2
+    folder (with ``--quick`` too: only the agent changes), its executable in the checkout."""
+    import tomllib
+
+    from slr_engine_hf.models import resolve
+
+    engine = tomllib.loads((QUICKSTART / "slr-vllm.toml").read_text())["engine"]
+    engine["model"] = str(resolve("smollm2-135m-instruct"))
+    engine["executable"] = str(ROOT / engine["executable"])
+    if not Path(engine["executable"]).exists():
+        raise SystemExit(
+            f"--engine vllm: no vLLM environment at {engine['executable']}; build it with "
+            f"`bash scripts/setup-vllm`"
+        )
+    return engine
 
 
 def reach(metrics: list[dict[str, Any]], *, goal: float = 0.8, window: int = 3):
@@ -215,6 +244,12 @@ def main() -> None:
         metavar="PRESET",
         help="[algorithm.rollout_correction] preset for every run, e.g. decoupled_token_is",
     )
+    ap.add_argument(
+        "--engine",
+        choices=["hf", "vllm"],
+        default="hf",
+        help="rollout engine: the embedded hf engine, or the real vLLM server (scripts/setup-vllm)",
+    )
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args()
     # quick: 8 steps, since with max_staleness = 1 the async loop overlaps at most two
@@ -239,6 +274,7 @@ def main() -> None:
             for seed in args.seeds:
                 for mode in args.modes:
                     rows.append(one(args, name, tasks, mode, work, quick=args.quick, seed=seed))
+    print(f"rollout engine: {args.engine}")
     print(
         f"{'set':<11} {'mode':<6} {'seed':>4} {'wall s':>7} {'loop s':>7} {'trials':>6} {'trials/h':>9} "
         f"{'loop t/h':>9} {'reach step':>10} {'reach s':>8} {'pass@1':>7} {'wait trn':>8} "
@@ -294,6 +330,7 @@ def main() -> None:
         "means": means,
         "seeds": args.seeds,
         "correction": args.correction,
+        "engine": args.engine,
         "quick": args.quick,
         "steps": args.steps,
         "max_staleness": args.max_staleness,

@@ -413,3 +413,20 @@ def test_a_partial_update_with_routed_experts_is_refused_by_name(standin, tokeni
     engine = VllmEngine(config, url=standin[1])
     with pytest.raises(NotImplementedError, match="return_routed_experts"):
         asyncio.run(engine.update_weights({}, mode="partial"))
+
+
+def test_many_generations_in_one_event_loop_never_exhaust_the_connection_pool(attached):
+    """The proxy serves every call from one event loop, so the engine's HTTP client lives
+    on. A finished stream must give its connection back: cancelling the request's reader
+    while it closed the response leaked one from httpx's pool (100 connections), and the
+    101st call waited forever (a training run's third step did)."""
+    engine, _ = attached
+
+    async def many() -> int:
+        done = 0
+        for i in range(130):
+            gen = await asyncio.wait_for(engine.generate([i + 1], SamplingParams(max_tokens=2)), 10)
+            done += gen.finish_reason == "length"
+        return done
+
+    assert asyncio.run(many()) == 130

@@ -88,6 +88,60 @@ def test_logprobs_equal_an_fp32_forward_pass(real_vllm, smollm2_fp32, temperatur
     assert correlation > 0.9999, correlation
 
 
+def test_the_proxy_captures_the_servers_logprobs_exactly(real_vllm, smollm2_fp32, record):
+    """An agent's conversation through the proxy on the real server (the official openai
+    SDK, four turns, streamed and not): one segment, whose every policy token's log-prob
+    equals an fp32 forward pass over the whole segment. vLLM's prefix caching is on (its
+    default): later turns reuse the KV of earlier ones, and capture stays exact."""
+    import openai
+
+    from slr.config import ProxySection
+    from slr.proxy import Proxy, ProxyThread
+
+    url = real_vllm.url
+    hits, queries = (metric(url, f"vllm:prefix_cache_{k}_total") for k in ("hits", "queries"))
+    proxy = Proxy(
+        real_vllm, ProxySection(client_sampling="honor"), sampling=SamplingParams(max_tokens=32)
+    )
+    with ProxyThread(proxy):
+        session = proxy.open_session("real-vllm-capture")
+        client = openai.OpenAI(base_url=session.openai_base_url, api_key="k", max_retries=0)
+        messages = [{"role": "system", "content": "You are a helpful assistant."}]
+        for turn, question in enumerate(QUESTIONS):
+            messages.append({"role": "user", "content": question})
+            asked = dict(model="policy", messages=messages, max_tokens=32, temperature=1.0)
+            if turn % 2:
+                chunks = client.chat.completions.create(**asked, stream=True, seed=turn)
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            else:
+                reply = client.chat.completions.create(**asked, seed=turn)
+                text = reply.choices[0].message.content or ""
+            messages.append({"role": "assistant", "content": text})
+        traj = proxy.close_session(session)
+    assert traj.num_calls == len(QUESTIONS)
+    (segment,) = traj.segments
+    ids = list(segment.token_ids)
+    recomputed = reference_logprobs(smollm2_fp32, ids[:1], ids[1:], 1.0)
+    policy = [i for i, m in enumerate(segment.loss_mask) if m]
+    served = [segment.logprobs[i] for i in policy]
+    expected = [recomputed[i - 1] for i in policy]
+    worst, correlation = max_abs_diff(served, expected), pearson(served, expected)
+    hit = metric(url, "vllm:prefix_cache_hits_total") - hits
+    asked_for = metric(url, "vllm:prefix_cache_queries_total") - queries
+    record(
+        "vllm proxy capture",
+        policy_tokens=len(served),
+        max_abs=worst,
+        pearson=correlation,
+        prefix_cache_hit_tokens=hit,
+        prompt_tokens=asked_for,
+    )
+    assert len(served) >= 40  # real answers, not empty turns
+    assert worst <= LOGPROB_TOLERANCE, (worst, correlation)
+    assert correlation > 0.9999, correlation
+    assert hit > 0, "later turns did not reuse the cached prefix: prefix caching is off"
+
+
 def test_a_disconnected_client_stops_the_generation(real_vllm, record):
     """Closing a stream (an agent that hung up) aborts the request in the server: vLLM's
     running gauge falls to 0, and its own count of generated tokens stops far short of the

@@ -213,14 +213,17 @@ class VllmEngine(HttpEngine):
             self._readers.add(reader)
             reader.add_done_callback(self._readers.discard)
             reader.add_done_callback(functools.partial(_put_ended, chunks))
+            finished = False
             try:
                 while (chunk := await chunks.get()) is not _ENDED:
                     generated += chunk.token_ids
+                    finished = chunk.finish_reason is not None
                     yield attrs.evolve(chunk, prompt_tokens=len(prompt))
-                    if chunk.finish_reason is not None:
+                    if finished:
                         return
             finally:
-                reader.cancel()  # the consumer left (or we are done): close the request
+                if not finished:  # the consumer left mid-stream: close the request
+                    reader.cancel()
             if not reader.cancelled():  # cancelled: a partial update took it; go on
                 reader.result()  # raises what the request raised
                 raise EngineUnavailable(
@@ -255,6 +258,11 @@ class VllmEngine(HttpEngine):
                     )
                 async for data in sse_data(response):
                     chunk = parse_chunk(data, prompt_tokens=prompt_tokens, weights_version=version)
+                    if chunk.finish_reason is not None:
+                        # done: no partial update may cancel it now. A task cancelled while
+                        # it closes the response leaks the connection from httpx's pool
+                        # (100 such requests, and every later one waits for a connection)
+                        self._readers.discard(asyncio.current_task())  # type: ignore[arg-type]
                     out.put_nowait(chunk)
                     if chunk.finish_reason is not None:
                         return
