@@ -222,8 +222,9 @@ class VllmEngine(HttpEngine):
                     if finished:
                         return
             finally:
-                if not finished:  # the consumer left mid-stream: close the request
+                if not finished:  # the consumer left mid-stream: close the request now
                     reader.cancel()
+                    await asyncio.wait([reader])  # the response closed: vLLM aborts it
             if not reader.cancelled():  # cancelled: a partial update took it; go on
                 reader.result()  # raises what the request raised
                 raise EngineUnavailable(
