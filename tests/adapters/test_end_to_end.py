@@ -19,6 +19,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -132,13 +133,27 @@ def test_slr_run_earns_reward_one(scaffold, backend_name, tmp_path, request):
     name, model = scaffold
     docker = request.getfixturevalue("docker_backend") if backend_name == "docker" else None
     cfg = write_config(tmp_path, name, model)
-    started = int(time.time()) - 1
-    res = subprocess.run(
-        [SLR, "run", "-c", str(cfg), "--agent", name, "--backend", backend_name],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    created: list[dict] = []  # containers created with a run label, watched live
+    if docker is not None:
+        # subscribed before the run: the daemon keeps only its last 256 events, which
+        # other test processes' containers (execs, starts, deaths) overrun within a minute
+        events = docker.client.events(
+            decode=True, filters={"type": "container", "event": "create", "label": RUN}
+        )
+        watcher = threading.Thread(target=lambda: created.extend(events), daemon=True)
+        watcher.start()
+    try:
+        res = subprocess.run(
+            [SLR, "run", "-c", str(cfg), "--agent", name, "--backend", backend_name],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        if docker is not None:
+            time.sleep(1)  # the last event on its way
+            events.close()
+            watcher.join(10)
     assert res.returncode == 0, res.stderr[-4000:]
     (path,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     run = RunDir.open(path)
@@ -178,12 +193,7 @@ def test_slr_run_earns_reward_one(scaffold, backend_name, tmp_path, request):
     assert checkpoints.latest_checkpoint(run) == checkpoints.checkpoint_dir(run, 1)
     if docker is not None:  # the run removed its sandboxes
         # every trial's container carried the run's label (so the selector below can match)
-        created = docker.client.events(
-            since=started,
-            until=int(time.time()) + 1,
-            decode=True,
-            filters={"type": "container", "event": "create", "label": f"{RUN}={run.id}"},
-        )
-        assert len(list(created)) == len(trials)
+        mine = [e for e in created if e["Actor"]["Attributes"].get(RUN) == run.id]
+        assert len(mine) == len(trials), created
         left = docker.list_sandboxes(**{RUN: run.id})
         assert left == [], [c.name for c in left]
