@@ -223,7 +223,8 @@ class VllmEngine(HttpEngine):
                         return
             finally:
                 if not finished:  # the consumer left mid-stream: close the request now
-                    reader.cancel()
+                    if reader in self._readers:  # (not once its last chunk is read: _read)
+                        reader.cancel()
                     await asyncio.wait([reader])  # the response closed: vLLM aborts it
             if not reader.cancelled():  # cancelled: a partial update took it; go on
                 reader.result()  # raises what the request raised
