@@ -66,6 +66,22 @@ def _put_ended(queue: asyncio.Queue[Any], _: asyncio.Task[None]) -> None:
     queue.put_nowait(_ENDED)
 
 
+def _versions_dir(configured: str, prefix: str) -> Path:
+    """A fresh folder for the versioned files the server reads (weights, adapters): under
+    ``configured`` (a shared path for servers elsewhere), or a temporary one."""
+    base = Path(configured) if configured else None
+    if base is not None:
+        base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+def _keep_only(folder: Path) -> None:
+    """Remove the other versions beside ``folder``: the server holds its contents now."""
+    for old in folder.parent.iterdir():
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 class VllmEngine(HttpEngine):
     """Implements ``slr.contracts.Engine`` against one vLLM server.
 
@@ -260,13 +276,12 @@ class VllmEngine(HttpEngine):
                     )
                 async for data in sse_data(response):
                     chunk = parse_chunk(data, prompt_tokens=prompt_tokens, weights_version=version)
+                    out.put_nowait(chunk)
                     if chunk.finish_reason is not None:
                         # done: no partial update may cancel it now. A task cancelled while
                         # it closes the response leaks the connection from httpx's pool
                         # (100 such requests, and every later one waits for a connection)
                         self._readers.discard(asyncio.current_task())  # type: ignore[arg-type]
-                    out.put_nowait(chunk)
-                    if chunk.finish_reason is not None:
                         return
         except httpx.TransportError as exc:
             raise self._unanswered(exc) from exc
@@ -314,29 +329,20 @@ class VllmEngine(HttpEngine):
         new_version = version if version is not None else self._version + 1
         folder = None
         if self.config.weight_transfer == "disk":
-            folder = self._version_folder(new_version)
+            if self._weights_dir is None:
+                self._weights_dir = _versions_dir(self.config.weights_dir, f"weights-{self.index}-")
+            folder = self._weights_dir / f"v{new_version:06d}"
             await asyncio.to_thread(write_checkpoint, folder, state_dict)
         async with self._swap():
             if partial:
                 await self._preempt()
             if folder is not None:
                 await self._weights.load_folder(folder, url=self.url, client=self.client)
-                for old in folder.parent.iterdir():  # the server holds these weights now
-                    if old != folder:
-                        shutil.rmtree(old, ignore_errors=True)
+                _keep_only(folder)
             else:
                 await self._weights.push(state_dict, url=self.url, client=self.client)
             self._version = new_version
             return new_version
-
-    def _version_folder(self, version: int) -> Path:
-        """Where ``weight_transfer = "disk"`` writes the weights of ``version``."""
-        if self._weights_dir is None:
-            base = Path(self.config.weights_dir) if self.config.weights_dir else None
-            if base is not None:
-                base.mkdir(parents=True, exist_ok=True)
-            self._weights_dir = Path(tempfile.mkdtemp(prefix=f"weights-{self.index}-", dir=base))
-        return self._weights_dir / f"v{version:06d}"
 
     async def _load_adapter(
         self, update: WeightUpdate, version: int | None, *, partial: bool
@@ -351,10 +357,7 @@ class VllmEngine(HttpEngine):
             )
         new_version = version if version is not None else self._version + 1
         if self._lora_dir is None:
-            base = Path(self.config.lora_dir) if self.config.lora_dir else None
-            if base is not None:
-                base.mkdir(parents=True, exist_ok=True)
-            self._lora_dir = Path(tempfile.mkdtemp(prefix=f"lora-{self.index}-", dir=base))
+            self._lora_dir = _versions_dir(self.config.lora_dir, f"lora-{self.index}-")
         name = f"{self.config.served_model_name}-lora"
         folder = self._lora_dir / f"v{new_version:06d}"
         async with self._swap():
@@ -363,9 +366,7 @@ class VllmEngine(HttpEngine):
             await self._weights.load_adapter(
                 update, url=self.url, client=self.client, name=name, folder=folder
             )
-        for old in self._lora_dir.iterdir():  # the server holds the adapter in memory now
-            if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
+        _keep_only(folder)
         self._adapter = name  # requests name the adapter from now on
         self._version = new_version
         return new_version
