@@ -66,3 +66,23 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_sep("-", "figures measured by the tests")
         for line in _figures:
             terminalreporter.write_line(line)
+
+
+# -- services: each marked test waits for its service to be ready (tests/service_readiness.py)
+
+from service_readiness import BY_MARKER, docker_daemon, k8s_cluster  # noqa: E402, F401
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test marked ``k8s`` or ``docker`` sets up that service's readiness fixture
+    first, so no test (nor any of its own fixtures) reaches a service before it is ready."""
+    for item in items:
+        names = getattr(item, "fixturenames", None)
+        if names is None:
+            continue
+        needs = [
+            fixture for marker, fixture in BY_MARKER.items() if item.get_closest_marker(marker)
+        ]
+        if needs:
+            # a new list: the parametrized instances of one test share the collected one
+            item.fixturenames = [*needs, *(n for n in names if n not in needs)]

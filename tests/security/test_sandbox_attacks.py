@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -58,7 +57,7 @@ BACKENDS = [
 PIDS, OPEN_FILES, MEMORY_MB, STORAGE_MB = 64, 256, 128, 16
 
 
-def _make_backend(name: str, root: Path):
+def _make_backend(name: str, root: Path, request: pytest.FixtureRequest):
     if name == "local":
         from slr_backend_local import LocalBackendConfig
         from slr_backend_local.backend import LocalBackend
@@ -73,52 +72,30 @@ def _make_backend(name: str, root: Path):
             )
         )
     if name == "k8s":
-        return _k8s_backend()
+        from slr_backend_k8s import K8sBackendConfig
+        from slr_backend_k8s.backend import K8sBackend
+
+        cluster = request.getfixturevalue("k8s_cluster")  # ready: namespace, image, a pod ran
+        return K8sBackend(
+            K8sBackendConfig(
+                kubeconfig=cluster.kubeconfig,
+                namespace=cluster.namespace,
+                containerd_address=cluster.containerd_address,
+                request_ratio=0.05,
+                pod_start_timeout_s=90,
+                open_files=OPEN_FILES,
+            )
+        )
     from slr_backend_docker import DockerBackendConfig
     from slr_backend_docker.backend import DockerBackend
-    from slr_backend_docker.base_image import BASE_TAG
 
-    b = DockerBackend(DockerBackendConfig(pids_limit=PIDS, open_files=OPEN_FILES))
-    assert b.client.images.get(BASE_TAG), f"run `slr images base` first ({BASE_TAG})"
-    return b
-
-
-def _k8s_backend():
-    """The local cluster, as the k8s backend tests reach it (scripts/k8s-up's exports)."""
-    from slr_backend_k8s import K8sBackendConfig
-    from slr_backend_k8s.backend import K8sBackend
-
-    status = os.environ.get("SLR_K8S_STATUS_FILE")  # CI starts the cluster in the background
-    deadline = time.monotonic() + float(os.environ.get("SLR_K8S_WAIT_S", "2400"))
-    while status and not Path(status).exists() and time.monotonic() < deadline:
-        time.sleep(2)  # waiting on another process's file, not synchronising tests
-    env_file = os.environ.get("SLR_K8S_ENV_FILE")
-    if env_file and Path(env_file).is_file():
-        for line in Path(env_file).read_text().splitlines():
-            key, _, value = line.removeprefix("export ").partition("=")
-            os.environ.setdefault(key.strip(), value.strip())
-    kubeconfig = os.environ.get("KUBECONFIG", "")
-    if not Path(kubeconfig).is_file():
-        pytest.fail(
-            f'KUBECONFIG is {kubeconfig!r}: start the cluster with `eval "$(scripts/k8s-up)"`'
-            ' or deselect these tests with -m "not k8s"',
-            pytrace=False,
-        )
-    return K8sBackend(
-        K8sBackendConfig(
-            kubeconfig=kubeconfig,
-            namespace="slr-test",
-            containerd_address=os.environ.get("SLR_K8S_CONTAINERD", ""),
-            request_ratio=0.05,
-            pod_start_timeout_s=90,
-            open_files=OPEN_FILES,
-        )
-    )
+    request.getfixturevalue("docker_daemon")  # answering, with the base image
+    return DockerBackend(DockerBackendConfig(pids_limit=PIDS, open_files=OPEN_FILES))
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def backend(request, tmp_path_factory):
-    b = _make_backend(request.param, tmp_path_factory.mktemp(f"attacks-{request.param}"))
+    b = _make_backend(request.param, tmp_path_factory.mktemp(f"attacks-{request.param}"), request)
     yield b
     asyncio.run(b.close())
 

@@ -2,15 +2,15 @@
 
 CI brings the cluster up with ``scripts/k8s-up`` (which prints the ``export KUBECONFIG=...``
 and ``export SLR_K8S_CONTAINERD=...`` lines to eval) and down with ``scripts/k8s-down``.
-A missing cluster fails these tests; it never skips them.
+Every test here waits for the suite's ``k8s_cluster`` fixture first (tests/conftest.py), so
+none reaches the cluster before it can run pods. A missing cluster fails these tests; it
+never skips them.
 """
 
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from pathlib import Path
 
 import attrs
 import pytest
@@ -23,86 +23,15 @@ from slr.sandboxing.labels import OWNER_PID, RUN
 
 
 @pytest.fixture(scope="session")
-def kubeconfig() -> str:
-    """The cluster's kubeconfig; fails (not skips) when there is no reachable cluster."""
-    _wait_for_background_cluster()
-    path = os.environ.get("KUBECONFIG")
-    if not path or not Path(path).is_file():
-        pytest.fail(
-            f"the k8s tests need a real cluster, and KUBECONFIG is {path!r}: start one with "
-            f'`eval "$(scripts/k8s-up)"` (../shared/k8s-local), or deselect them with -m "not k8s"',
-            pytrace=False,
-        )
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=path, client_configuration=cfg)
-    api = client.ApiClient(cfg)
-    try:
-        client.VersionApi(api).get_code(_request_timeout=10)
-        core = client.CoreV1Api(api)
-        try:
-            core.read_namespace(NAMESPACE)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
-            core.create_namespace({"metadata": {"name": NAMESPACE}})
-        _wait_for_default_service_account(core)
-    except Exception as exc:
-        pytest.fail(
-            f"the cluster in KUBECONFIG={path} is not usable: {exc}. Is it up (scripts/k8s-up)?",
-            pytrace=False,
-        )
-    finally:
-        api.close()
-    return path
-
-
-def _wait_for_background_cluster() -> None:
-    """CI starts the cluster in the background (its first start builds Kubernetes) while the
-    other tests run; ``SLR_K8S_STATUS_FILE`` appears with scripts/k8s-up's exit code when it
-    is done, and ``SLR_K8S_ENV_FILE`` holds the exports it printed."""
-    status = os.environ.get("SLR_K8S_STATUS_FILE")
-    if not status:
-        return
-    wait_s = float(os.environ.get("SLR_K8S_WAIT_S", "2400"))
-    deadline = time.monotonic() + wait_s
-    while not Path(status).exists():
-        if time.monotonic() > deadline:
-            pytest.fail(f"the cluster was not up after {wait_s:.0f} s", pytrace=False)
-        time.sleep(2)  # waiting on another process's file, not synchronising tests
-    code = Path(status).read_text().strip()
-    if code != "0":
-        log = os.environ.get("SLR_K8S_UP_LOG", "")
-        tail = Path(log).read_text()[-3000:] if log and Path(log).exists() else ""
-        pytest.fail(f"scripts/k8s-up failed (exit {code}):\n{tail}", pytrace=False)
-    for line in Path(os.environ["SLR_K8S_ENV_FILE"]).read_text().splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        os.environ[key.strip()] = value.strip()
-
-
-def _wait_for_default_service_account(core) -> None:
-    # A new namespace gets its 'default' service account a moment later; pods need it.
-    from kubernetes import watch
-
-    if core.list_namespaced_service_account(NAMESPACE).items:
-        return
-    w = watch.Watch()
-    for _ in w.stream(core.list_namespaced_service_account, NAMESPACE, timeout_seconds=30):
-        w.stop()
+def kubeconfig(k8s_cluster) -> str:
+    """The cluster's kubeconfig, once the cluster is ready for pods (tests/service_readiness.py:
+    the node, the namespace, its service account, the image, a probe pod that ran)."""
+    return k8s_cluster.kubeconfig
 
 
 @pytest.fixture(scope="session")
-def containerd_address(kubeconfig) -> str:
-    address = os.environ.get("SLR_K8S_CONTAINERD") or str(
-        Path(kubeconfig).parent / "containerd.sock"
-    )
-    if not Path(address).exists():
-        pytest.fail(
-            f"no containerd socket at {address}: set SLR_K8S_CONTAINERD (scripts/k8s-up prints it)",
-            pytrace=False,
-        )
-    return address
+def containerd_address(k8s_cluster) -> str:
+    return k8s_cluster.containerd_address
 
 
 @pytest.fixture(scope="session")

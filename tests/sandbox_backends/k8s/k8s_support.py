@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-NAMESPACE = "slr-test"
-# Built by the local cluster's up.sh (SLR_K8S_PYIMAGE=1): Debian minbase with bash and python3.
-PY_IMAGE = "docker.io/library/python:local"
+from service_readiness import K8S_NAMESPACE as NAMESPACE
+from service_readiness import K8S_PY_IMAGE as PY_IMAGE
+
+__all__ = ["NAMESPACE", "PY_IMAGE", "py_task", "run"]
 
 
 def run(coro):
