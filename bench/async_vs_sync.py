@@ -38,7 +38,7 @@ hour (trained trials / wall, and / loop time), the first step at which a 3-step 
 average of the training pass rate (``reward/pass_rate``) is >= 0.8 and the loop time until
 then, held-out pass@1, how long the async trainer waited for batches and the rollouter for
 admission, the optimizer's time, and the mean wall time per trial of each phase
-(``slr.costs``). Ratios are async / sync.
+(``slr.rollout.costs``). Ratios are async / sync.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from typing import Any
 from slr import log as slr_log
 from slr.config import load_config
 from slr.plugins import get_plugin_manager
-from slr.runs import RunDir
-from slr.training import train
+from slr.run.directory import RunDir
+from slr.run.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart"
@@ -181,7 +181,7 @@ def one(
     step, reach_s = reach(metrics)
     # the loop's own time (steps back to back), without the start-up both modes pay once
     loop_s = sum(m.get("time/step_s", 0.0) for m in metrics)
-    # where a trial's wall time went, mean per trial over the run (slr.costs' phases)
+    # where a trial's wall time went, mean per trial over the run (slr.rollout.costs' phases)
     phases = sorted({k for m in metrics for k in m if k.startswith("cost/wall/")})
     costs = {
         k.removeprefix("cost/wall/"): sum(m.get(k, 0.0) for m in metrics) / len(metrics)

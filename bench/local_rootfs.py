@@ -30,8 +30,8 @@ import uuid
 from pathlib import Path
 
 from slr.plugins import get_plugin_manager
+from slr.rollout.trial import new_trial_id
 from slr.tasks import load_task
-from slr.trial import new_trial_id
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "examples" / "tasks" / "hello-world"

@@ -35,8 +35,8 @@ from slr.contracts import SamplingParams
 from slr.plugins import get_plugin_manager
 from slr.proxy import Proxy
 from slr.proxy.server import ProxySessions
+from slr.rollout.trial import new_trial_id, run_trial
 from slr.tasks import load_task
-from slr.trial import new_trial_id, run_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 

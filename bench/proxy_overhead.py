@@ -209,9 +209,9 @@ def start_engine(kind: str, model, tok, folder, device: str = "cpu"):
         from slr_engine_hf.engine import HfEngine
 
         return HfEngine.from_model(model, tok)
+    from slr.cluster.engines import start_engine_replicas
     from slr.config import load_config
     from slr.plugins import get_plugin_manager
-    from slr.runtime.engines import start_engine_replicas
 
     data = {
         # A GPU for the replica when it decodes on one (Ray hides GPUs from actors that ask none).
@@ -262,7 +262,7 @@ class ProxyHost:
 
         torch.set_num_threads(1)
         if attach:
-            from slr.runtime.engines import attach_replicas
+            from slr.cluster.engines import attach_replicas
 
             engines = {
                 name: attach_replicas(h, probe_interval_s=None) for name, h in engines.items()
@@ -409,7 +409,7 @@ def start_hosts(args, engines: dict) -> Hosts:
         return Hosts([ProxyHost(engines, args.max_tokens)], remote=False)
     import ray
 
-    from slr.runtime.engines import replica_handles
+    from slr.cluster.engines import replica_handles
 
     handles = {name: replica_handles(e) for name, e in engines.items()}
     remote = ray.remote(num_cpus=0)(ProxyHost)

@@ -5,7 +5,7 @@
 Measures, side by side in one process per run (each run a fresh child process, so nothing is
 warm but the OS page cache):
 
-* ``ray_start_s``: ``slr.runtime.cluster.connect()`` (a private local Ray on 127.0.0.1) until
+* ``ray_start_s``: ``slr.cluster.ray_runtime.connect()`` (a private local Ray on 127.0.0.1) until
   it answers a trivial task, and the resident memory of every Ray process it started (GCS,
   raylet, workers) plus what the driver grew by;
 * ``replica_start_s``: one engine replica actor loading the packaged SmolLM2
@@ -57,15 +57,15 @@ def one_run() -> dict:
 
     import ray
 
+    from slr.cluster import ray_runtime
+    from slr.cluster.engines import start_engine_replicas
     from slr.config import load_config
     from slr.plugins import get_plugin_manager
-    from slr.runtime import cluster
-    from slr.runtime.engines import start_engine_replicas
 
     me = os.getpid()
     rss0 = rss_mb([me])
     t = time.perf_counter()
-    connection = cluster.connect("local")
+    connection = ray_runtime.connect("local")
     ray.get(ray.remote(lambda: 1).remote())
     ray_s = time.perf_counter() - t
     ray_rss = rss_mb(children(me)) + rss_mb([me]) - rss0

@@ -25,7 +25,7 @@ import attrs
 
 from slr.contracts import Reward, Segment, Trajectory, TrialResult, from_dict, to_dict
 from slr.contracts.serialize import decode, encode
-from slr.runs import RunDir, atomic_write
+from slr.run.directory import RunDir, atomic_write
 
 
 def make_trial(tokens: int, segments: int, seed: int = 0) -> TrialResult:

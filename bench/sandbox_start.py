@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from slr.plugins import get_plugin_manager
+from slr.rollout.trial import StandInSessions, new_trial_id, run_trial, run_trials
 from slr.sandboxing.pool import SandboxPool
 from slr.tasks import load_tasks
-from slr.trial import StandInSessions, new_trial_id, run_trial, run_trials
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -44,8 +44,8 @@ import time
 from pathlib import Path
 
 from slr.plugins import get_plugin_manager
+from slr.rollout.trial import new_trial_id
 from slr.tasks import load_tasks
-from slr.trial import new_trial_id
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,10 +24,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from slr import checkpoints
 from slr.contracts import TerminationReason, TrialResult
 from slr.contracts.serialize import decode
-from slr.runs import RunDir
+from slr.run import checkpoints
+from slr.run.directory import RunDir
 
 
 def _records(folder: Path) -> list[tuple[TrialResult, float]]:

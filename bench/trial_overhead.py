@@ -4,7 +4,7 @@
         --agent oracle --agent mini-swe-agent --agent openhands --agent terminus [--trials 5] [--json]
 
 Every trial is the ``hello-world`` example task, run one after another; every figure comes
-from the trial's own ``costs`` record (slr.costs): start → agent phase (``sandbox_start``),
+from the trial's own ``costs`` record (slr.rollout.costs): start → agent phase (``sandbox_start``),
 process start → first model call (``agent_startup``), the whole fixed wall time (all but
 model time), and sandbox CPU by phase (pool CPU included: a pooled sandbox's meter runs
 from its creation). The settings of one agent and backend alternate trial by trial in one
@@ -45,12 +45,12 @@ from typing import Any
 import attrs
 
 from slr.contracts import Endpoint, Trajectory
-from slr.costs import ModelClock, fixed_wall_s
 from slr.plugins import get_plugin_manager
+from slr.rollout.costs import ModelClock, fixed_wall_s
+from slr.rollout.trial import StandInSessions, bundle_mounts, new_trial_id, run_trial
 from slr.sandboxing.pool import SandboxPool
 from slr.tasks import load_task
 from slr.testing.scripted_policy import Reply, ScriptedPolicyStub, ToolCall
-from slr.trial import StandInSessions, bundle_mounts, new_trial_id, run_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 HELLO = "THOUGHT: write the file.\n\n```mswea_bash_command\nprintf 'hello\\n' > hello.txt\n```"

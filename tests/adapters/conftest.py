@@ -20,9 +20,9 @@ from slr_backend_docker.base_image import BASE_TAG
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local.backend import LocalBackend
 
+from slr.rollout.trial import BUNDLE_MOUNT
 from slr.sandboxing.labels import OWNER_PID, SANDBOX
 from slr.tasks import load_task
-from slr.trial import BUNDLE_MOUNT
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 

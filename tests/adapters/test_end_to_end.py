@@ -31,9 +31,9 @@ from slr_adapter_opencode.adapter import OpenCode
 from slr_adapter_openhands.adapter import OpenHands
 from slr_adapter_terminus.adapter import Terminus
 
-from slr import checkpoints
 from slr.contracts import TerminationReason
-from slr.runs import RunDir
+from slr.run import checkpoints
+from slr.run.directory import RunDir
 from slr.sandboxing.labels import RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]

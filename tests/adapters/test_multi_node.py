@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from e2e_support import HELLO, taught_model
 
-from slr import checkpoints
 from slr.config import load_config
 from slr.contracts import TerminationReason
 from slr.plugins import get_plugin_manager
-from slr.training import train
+from slr.run import checkpoints
+from slr.run.training import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(300)]
 

@@ -113,7 +113,7 @@ def test_adapter_from_template_is_found_through_real_entry_points(tmp_path):
 
 def test_status_reads_the_run_directory(tmp_path):
     from slr.contracts import Reward, TrialResult
-    from slr.runs import RunDir
+    from slr.run.directory import RunDir
 
     run = RunDir.create(tmp_path, "exp", "")
     run.write_trial(

@@ -31,9 +31,9 @@ from litestar.testing import TestClient
 from slr.config import load_config
 from slr.contracts import Reward, TrialResult
 from slr.plugins import get_plugin_manager
-from slr.rollout import RolloutSession
-from slr.runs import RunDir
-from slr.training import train
+from slr.rollout.recorder import TrialRecorder
+from slr.run.directory import RunDir
+from slr.run.training import train
 from slr_cli.dashboard.app import build_app
 from slr_cli.dashboard.data import Run, tokenizer_decode
 from slr_cli.main import cli
@@ -97,7 +97,7 @@ model = "{model_dir}"
     async def serve_one_session() -> None:
         engine = HfEngine.from_model(model, tok)
         run = RunDir.open(path)
-        async with RolloutSession(
+        async with TrialRecorder(
             run, plugins=get_plugin_manager(), config=config, engine=engine
         ) as s:
             opened = s.open_session(SERVED)

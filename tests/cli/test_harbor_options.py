@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import slr.training
+import slr.run.training
 from slr.errors import UsageError
 from slr_cli.main import cli
 
@@ -20,13 +20,13 @@ EXAMPLES = ROOT / "examples" / "tasks"
 
 @pytest.fixture
 def captured(monkeypatch):
-    """`slr run` resolves the config and hands it to slr.training.train: keep it there."""
+    """`slr run` resolves the config and hands it to slr.run.training.train: keep it there."""
     seen = {}
 
     def train(cfg, *, resume, output=None):
         seen["cfg"], seen["resume"], seen["output"] = cfg, resume, output
 
-    monkeypatch.setattr(slr.training, "train", train)
+    monkeypatch.setattr(slr.run.training, "train", train)
     return seen
 
 

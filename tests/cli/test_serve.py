@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from slr.runs import RunDir
+from slr.run.directory import RunDir
 
 SLR = str(Path(sys.executable).with_name("slr"))
 

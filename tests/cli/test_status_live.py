@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from slr.runs import RunDir
+from slr.run.directory import RunDir
 from slr.testing.runs import held_by_another_process
 from slr_cli.status_cmd import status as status_cmd
 

@@ -24,15 +24,16 @@ from pathlib import Path
 
 import pytest
 
-from slr import checkpoints, hookimpl
+from slr import hookimpl
 from slr.agents.model_free import OracleAgent
-from slr.async_loop import async_group_id, group_seq, group_specs, task_of_group, token_versions
 from slr.config import load_config
 from slr.contracts import AgentOutcome, TrialResult
 from slr.plugins import PluginManager, get_plugin_manager, set_plugin_manager
-from slr.runs import RunDir
+from slr.run import checkpoints
+from slr.run.async_loop import async_group_id, group_seq, group_specs, task_of_group, token_versions
+from slr.run.directory import RunDir
+from slr.run.training import train
 from slr.tasks import load_tasks
-from slr.training import train
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "tasks"

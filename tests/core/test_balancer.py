@@ -17,8 +17,8 @@ from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 
-from slr.balancer import LoadBalancer
 from slr.contracts import ContextOverflow, Engine, EngineUnavailable, SamplingParams
+from slr.engines.balancer import LoadBalancer
 
 PROMPT = list(range(200, 220))
 

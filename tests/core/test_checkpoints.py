@@ -1,4 +1,4 @@
-"""The checkpoint layout (slr.checkpoints): written once, counted only when complete."""
+"""The checkpoint layout (slr.run.checkpoints): written once, counted only when complete."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from slr import checkpoints
 from slr.errors import UsageError
-from slr.runs import RunDir
+from slr.run import checkpoints
+from slr.run.directory import RunDir
 
 
 def test_a_checkpoint_is_written_whole_with_its_state_and_marker(tmp_path):

@@ -1,4 +1,4 @@
-"""Per-trial cost accounting (slr.costs): fields present, phases that add up, old records."""
+"""Per-trial cost accounting (slr.rollout.costs): fields present, phases that add up, old records."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from slr_verifier_harbor.verifier import HarborVerifier
 from slr.agents.model_free import OracleAgent
 from slr.contracts import TrialCosts, TrialResult
 from slr.contracts.serialize import from_dict, to_dict
-from slr.costs import PHASES, CostMeter, ModelClock, cost_means, cost_means_by_step
+from slr.rollout.costs import PHASES, CostMeter, ModelClock, cost_means, cost_means_by_step
+from slr.rollout.trial import StandInSessions, run_trial
 from slr.sandboxing.cpu import SandboxCgroup
 from slr.tasks import load_task
-from slr.trial import StandInSessions, run_trial
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 

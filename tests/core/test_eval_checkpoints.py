@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from slr import checkpoints
-from slr.checkpoints import resolve_checkpoint
 from slr.errors import UsageError
-from slr.runs import RunDir
+from slr.run import checkpoints
+from slr.run.checkpoints import resolve_checkpoint
+from slr.run.directory import RunDir
 
 
 def make_run(tmp_path: Path) -> RunDir:

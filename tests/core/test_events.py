@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slr import hookimpl
 from slr.contracts import Reward, TerminationReason, TrialResult
-from slr.runs import RunDir
+from slr.run.directory import RunDir
 
 
 class Recorder:

@@ -22,8 +22,8 @@ from slr.contracts import Trajectory as Recorded
 from slr.errors import UsageError
 from slr.export.atif import SCHEMA_VERSION, trajectory
 from slr.plugins import get_plugin_manager
-from slr.rollout import RolloutSession
-from slr.runs import RunDir
+from slr.rollout.recorder import TrialRecorder
+from slr.run.directory import RunDir
 from slr_cli.main import cli
 
 
@@ -42,7 +42,7 @@ def served_run(tmp_path_factory) -> Path:
 
     async def go():
         engine = HfEngine.from_model(model, tok)
-        async with RolloutSession(
+        async with TrialRecorder(
             run, plugins=get_plugin_manager(), config=config, engine=engine
         ) as s:
             opened = s.open_session("session-0")

@@ -23,8 +23,8 @@ from slr.agents.headless import (
     shell_line,
 )
 from slr.contracts import Bundle, Endpoint
+from slr.rollout.trial import BUNDLE_MOUNT
 from slr.tasks import load_task
-from slr.trial import BUNDLE_MOUNT
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 ENDPOINT = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")

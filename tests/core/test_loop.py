@@ -15,14 +15,15 @@ from pathlib import Path
 import attrs
 import pytest
 
-from slr import checkpoints, hookimpl
+from slr import hookimpl
 from slr.config import load_config
 from slr.contracts import Reward, TrialResult
-from slr.loop import Loop, group_id, rollout_step, sample_tasks, step_specs, trial_id
 from slr.plugins import get_plugin_manager
-from slr.runs import RunDir
+from slr.run import checkpoints
+from slr.run.directory import RunDir
+from slr.run.loop import Loop, group_id, rollout_step, sample_tasks, step_specs, trial_id
+from slr.run.training import train
 from slr.tasks import load_tasks
-from slr.training import train
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "tasks"
@@ -94,7 +95,7 @@ def sampling_config(tmp_path: Path, *, dynamic: bool, max_oversample: int = 2):
 
 
 def stub_runner(pass_rule):
-    """Stands in for the rollout session (a stub: the wave logic is under test, not trials):
+    """Stands in for the trial recorder (a stub: the wave logic is under test, not trials):
     each trial's reward is ``pass_rule(spec)``; it keeps every wave's specs."""
     waves: list[list] = []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slr.contracts import Reward, TrialResult
-from slr.passk import pass_at_k, summarize
+from slr.run.passk import pass_at_k, summarize
 
 
 @pytest.mark.parametrize(

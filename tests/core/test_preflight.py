@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from slr import hookimpl
-from slr.builtin_plugins import preflight_checks
 from slr.config import load_config
 from slr.errors import SlrError
 from slr.plugins import BUILTIN_PLUGINS, get_plugin_manager
@@ -23,6 +22,7 @@ from slr.preflight import (
     run_preflight,
     warn,
 )
+from slr.preflight import core_checks as preflight_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "tasks"

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from slr import hookimpl
-from slr.builtin_plugins import runtime_checks
 from slr.config import load_config
 from slr.plugins import get_plugin_manager
-from slr.preflight import Context, gpus, run_checks
-from slr.runs import RunDir
+from slr.preflight import Context, gpus, run_checks, runtime_checks
+from slr.run.directory import RunDir
 from slr.testing.runs import held_by_another_process
 
 ROOT = Path(__file__).resolve().parents[2]

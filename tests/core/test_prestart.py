@@ -20,9 +20,9 @@ from slr.agents.headless import AGENT_DIR, ScaffoldCrashed, driver_command, run_
 from slr.agents.prestart import PRESTART_DIR, Prestarted, start_interpreter, take
 from slr.agents.prestart_main import FREEZE_IMPORTS_ENV
 from slr.contracts import Bundle, Endpoint
+from slr.rollout.trial import BUNDLE_MOUNT
 from slr.sandboxing.pool import SandboxPool
 from slr.tasks import load_task
-from slr.trial import BUNDLE_MOUNT
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 ENDPOINT = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="trial-key", model="m")

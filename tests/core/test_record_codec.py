@@ -15,7 +15,7 @@ from cattrs.errors import ClassValidationError
 
 from slr.contracts import Reward, Segment, Trajectory, TrialCosts, TrialResult, from_dict, to_dict
 from slr.contracts.serialize import decode, encode
-from slr.runs import RunDir
+from slr.run.directory import RunDir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "trial-record-v1.json"
 

@@ -1,4 +1,4 @@
-"""The rollout session on the real local backend: each trial recorded exactly once, on every
+"""The trial recorder on the real local backend: each trial recorded exactly once, on every
 path (a run, a repeat of recorded specs, cancellation, resume, eval, serve), and every part
 closed on every path."""
 
@@ -19,8 +19,8 @@ from slr.agents.model_free import NopAgent, OracleAgent
 from slr.config import Config, load_config
 from slr.contracts import AgentOutcome
 from slr.plugins import get_plugin_manager
-from slr.rollout import RolloutSession, TrialSpec
-from slr.runs import RunDir
+from slr.rollout.recorder import TrialRecorder, TrialSpec
+from slr.run.directory import RunDir
 from slr.sandboxing.pool import SandboxPool
 from slr.tasks import load_task
 
@@ -82,8 +82,8 @@ def specs(n: int) -> list[TrialSpec]:
     return [TrialSpec(task=task, trial_id=f"t{i}", group_id="g", step=1) for i in range(n)]
 
 
-def session(run, plugins, backend, agent=None, concurrency=2) -> RolloutSession:
-    return RolloutSession(
+def session(run, plugins, backend, agent=None, concurrency=2) -> TrialRecorder:
+    return TrialRecorder(
         run,
         plugins=plugins.manager,
         config=config(rollout={"concurrency": concurrency}),
@@ -121,7 +121,7 @@ def test_each_trial_is_recorded_once_and_a_recorded_spec_is_not_run_again(
 def test_expect_warms_the_pool_for_announced_trials_that_have_no_record(tmp_path, slr_plugins):
     run = RunDir.create(tmp_path / "runs", "r", "")
     backend = ClosingSpy(tmp_path)
-    s = RolloutSession(
+    s = TrialRecorder(
         run,
         plugins=slr_plugins.manager,
         config=config(rollout={"concurrency": 2, "pool_size": 2}),
@@ -168,7 +168,7 @@ class PrestartingOracle(OracleAgent):
 def test_the_pool_runs_the_agents_prestart_and_the_trial_gets_what_it_left(tmp_path, slr_plugins):
     run = RunDir.create(tmp_path / "runs", "r", "")
     agent = PrestartingOracle()
-    s = RolloutSession(
+    s = TrialRecorder(
         run,
         plugins=slr_plugins.manager,
         config=config(rollout={"concurrency": 1, "pool_size": 1}),
@@ -272,7 +272,7 @@ def test_the_backend_is_closed_when_the_session_fails(tmp_path, slr_plugins, whe
 
 
 def test_an_eval_records_each_trial_once_and_its_resume_adds_none(tmp_path, counter):
-    from slr.evaluation import Evaluation
+    from slr.run.evaluation import Evaluation
 
     out = tmp_path / "eval"
     Evaluation(config(), samples=2, output=out).main()
@@ -302,7 +302,7 @@ def test_a_served_session_is_recorded_once_without_reward(tmp_path, counter):
     engine.close = close
 
     async def go():
-        async with RolloutSession(
+        async with TrialRecorder(
             run,
             plugins=get_plugin_manager(),
             config=config(rollout={"max_tokens": 4}),

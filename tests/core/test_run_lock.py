@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from slr.runs import RunDir, RunInUse
+from slr.run.directory import RunDir, RunInUse
 from slr.testing.runs import held_by_another_process
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from slr.contracts import Reward, Segment, TerminationReason, Trajectory, TrialResult
 from slr.errors import UsageError
-from slr.runs import RunDir, atomic_write
+from slr.run.directory import RunDir, atomic_write
 
 
 def _trial(tid: str, reward: float | None = 1.0, term="completed") -> TrialResult:
@@ -86,7 +86,7 @@ def test_atomic_write_survives_a_kill_mid_write(tmp_path):
         f"""
         import os, sys
         from pathlib import Path
-        import slr.runs as runs
+        import slr.run.directory as runs
         real_fsync = os.fsync
         def stall(fd):
             print("writing", flush=True)
@@ -171,7 +171,7 @@ def test_a_full_disk_waits_for_space_then_records_whole(small_disk, monkeypatch)
     """Writes that find the disk full wait (the run goes on once there is space) instead of
     failing the run; the line cut short by the full disk is finished, not duplicated, and
     the run notes how long it waited. Without the wait, the first write raised ENOSPC."""
-    import slr.runs as runs
+    import slr.run.directory as runs
 
     run = RunDir.create(small_disk, "exp", "x = 1\n")
     run.append_metrics(1, {"loss": 0.5})
@@ -201,7 +201,7 @@ def test_a_full_disk_waits_for_space_then_records_whole(small_disk, monkeypatch)
 
 @pytest.mark.timeout(30)
 def test_a_disk_that_stays_full_stops_with_a_clear_error(small_disk, monkeypatch):
-    import slr.runs as runs
+    import slr.run.directory as runs
 
     run = RunDir.create(small_disk, "exp", "x = 1\n")
     _fill(small_disk)
@@ -218,8 +218,8 @@ def test_a_checkpoint_on_a_full_disk_waits_and_starts_over(small_disk, monkeypat
     for space, starts over from nothing, and is complete and loadable afterwards."""
     import torch
 
-    import slr.runs as runs
-    from slr import checkpoints
+    import slr.run.directory as runs
+    from slr.run import checkpoints
 
     run = RunDir.create(small_disk, "exp", "x = 1\n")
     filler = _fill(small_disk)

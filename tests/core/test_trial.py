@@ -14,10 +14,10 @@ from slr_verifier_harbor.verifier import HarborVerifier
 
 from slr.agents.model_free import NopAgent, OracleAgent
 from slr.contracts import AgentOutcome, Bundle, TerminationReason, TrialResult
-from slr.runs import RunDir
+from slr.rollout.trial import StandInSessions, run_trial
+from slr.run.directory import RunDir
 from slr.sandboxing import labels as labels_mod
 from slr.tasks import load_task
-from slr.trial import StandInSessions, run_trial
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 T = TerminationReason
@@ -155,7 +155,7 @@ def test_the_trial_writes_nothing_and_labels_its_sandbox(backend, tmp_path):
     assert spy.labels == [
         {"team": "a", "slr.run_id": "run-7", "slr.trial_id": "t-1", "slr.task_id": "hello-world"}
     ]
-    # recording is the rollout session's job (tests/core/test_rollout.py), not the runner's
+    # recording is the trial recorder's job (tests/core/test_rollout.py), not the runner's
     assert not any(tmp_path.iterdir())
 
 

@@ -18,7 +18,7 @@ from slr.contracts.weights import (
     require_full,
     sync_metrics,
 )
-from slr.lora import PREFIX, is_adapter_folder, read_adapter, write_adapter
+from slr.engines.lora import PREFIX, is_adapter_folder, read_adapter, write_adapter
 
 SPEC = LoraSpec(rank=2, alpha=4, modules=("a.q_proj",), base_model="base")
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from slr import checkpoints
-from slr.runs import RunDir
+from slr.run import checkpoints
+from slr.run.directory import RunDir
 
 pytestmark = pytest.mark.slow
 

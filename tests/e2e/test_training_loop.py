@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from slr import checkpoints
-from slr.runs import RunDir
+from slr.run import checkpoints
+from slr.run.directory import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 SLR = str(Path(sys.executable).with_name("slr"))

@@ -14,8 +14,8 @@ from slr import hookimpl
 from slr.config import load_config
 from slr.errors import UnknownPluginError
 from slr.plugins import get_plugin_manager
-from slr.rollout import emit
-from slr.runs import RunDir
+from slr.rollout.recorder import emit
+from slr.run.directory import RunDir
 
 STEPS = [
     {"reward/mean": 0.25, "loss": 1.5, "weights_version": 1, "note": "text is skipped"},
@@ -25,7 +25,7 @@ STEPS = [
 
 def run_with(tmp_path: Path, *loggers: str) -> RunDir:
     """A run directory whose run is fed to ``loggers`` through the event hooks, as
-    ``slr.loop.train`` fires them."""
+    ``slr.run.loop.train`` fires them."""
     plugins = get_plugin_manager()
     cfg = load_config(
         plugins=plugins,

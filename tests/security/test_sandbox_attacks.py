@@ -37,9 +37,9 @@ from slr_verifier_harbor.verifier import HarborVerifier
 
 from slr.agents.model_free import OracleAgent
 from slr.contracts import Sandbox, TerminationReason
+from slr.rollout.trial import StandInSessions, run_trial
 from slr.tasks import load_task
 from slr.testing.sandbox_probes import stand_in_proxy
-from slr.trial import StandInSessions, run_trial
 
 # Real trials (four per backend, two at a time): ~15-25 s per backend on a quiet 2-core
 # machine, more under load.

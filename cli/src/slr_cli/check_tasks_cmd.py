@@ -21,8 +21,8 @@ from slr.config.structure import structure
 from slr.contracts import TrialResult, to_dict
 from slr.errors import UsageError
 from slr.plugins import get_plugin_manager
+from slr.rollout.trial import StandInSessions, run_trial, run_trials
 from slr.tasks import load_tasks
-from slr.trial import StandInSessions, run_trial, run_trials
 
 
 def make_plugin(kind: str, name: str, options: tuple[str, ...] = ()) -> Any:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from slr.config import EVAL_PLUGINS
 from slr.errors import UsageError
-from slr.runs import RunDir
+from slr.run.directory import RunDir
 from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
 from slr_cli.preflight_cmd import gate, skip_preflight_option
 
@@ -104,7 +104,7 @@ def eval_(
     config.toml, trials/ with trajectories and transcripts, events.jsonl, and eval.json,
     the summary.
     """
-    from slr.evaluation import Evaluation
+    from slr.run.evaluation import Evaluation
 
     if resume is not None:
         given = (config_path, agent, backend, engine, verifier, checkpoint, output, name)

@@ -10,7 +10,7 @@ import click
 from slr.config import load_config
 from slr.errors import UsageError
 from slr.plugins import get_plugin_manager
-from slr.runs import RunDir
+from slr.run.directory import RunDir
 from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
 from slr_cli.preflight_cmd import gate, skip_preflight_option
 
@@ -90,6 +90,6 @@ def run(
     if output is not None:
         RunDir.check_new(output)  # before the preflight: a taken folder is refused at once
     gate(checked, purpose="run", skip=skip_preflight)
-    from slr.training import train  # the sync or async loop, as run.mode says
+    from slr.run.training import train  # the sync or async loop, as run.mode says
 
     train(cfg, resume=resume, output=output)

@@ -8,11 +8,11 @@ import signal
 
 import click
 
-from slr.loop import build_plugin
 from slr.plugins import get_plugin_manager
 from slr.proxy.server import is_loopback
-from slr.rollout import RolloutSession
-from slr.runs import RunDir
+from slr.rollout.recorder import TrialRecorder
+from slr.run.directory import RunDir
+from slr.run.loop import build_plugin
 from slr_cli.options import config_options, resolve_config
 
 
@@ -72,10 +72,10 @@ async def _serve(cfg, n_sessions: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        # the rollout session owns the proxy and closes the engine; each served session is
+        # the trial recorder owns the proxy and closes the engine; each served session is
         # recorded as a trial (no reward: nothing verifies it) through the same path as
         # `slr run` and `slr eval`, so on_trial_finished fires for it too
-        async with RolloutSession(run, plugins=plugins, config=cfg, engine=engine) as session:
+        async with TrialRecorder(run, plugins=plugins, config=cfg, engine=engine) as session:
             opened = [session.open_session(f"session-{i}") for i in range(n_sessions)]
             assert session.proxy is not None  # an engine was given, so there is a proxy
             names = session.proxy.model_names

@@ -11,10 +11,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from slr.checkpoints import latest_checkpoint
-from slr.costs import PHASES, cost_means_by_step
 from slr.errors import UsageError
-from slr.runs import RunDir
+from slr.rollout.costs import PHASES, cost_means_by_step
+from slr.run.checkpoints import latest_checkpoint
+from slr.run.directory import RunDir
 
 
 def state_of(run: RunDir, events: list[dict]) -> tuple[str, dict | None]:

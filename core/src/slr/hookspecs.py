@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from slr.config import Config
     from slr.contracts import TrialResult
     from slr.preflight import RegisterCheck
-    from slr.runs import RunDir
+    from slr.run.directory import RunDir
 
 hookspec = HookspecMarker("slr")
 hookimpl = HookimplMarker("slr")
@@ -79,7 +79,7 @@ def register_tool_parsers(register: Register) -> None:
 @hookspec
 def register_loggers(register: Register) -> None:
     """Register metric loggers (``[run] loggers = [NAME, ...]``), implementing
-    ``slr.loggers.MetricLogger``."""
+    ``slr.metrics.loggers.MetricLogger``."""
 
 
 @hookspec

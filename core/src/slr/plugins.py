@@ -3,8 +3,13 @@
 Every agent, sandbox backend, verifier, optimizer and engine is registered by a plugin
 through a ``register_<kind>s(register)`` hook. The manager records which distribution (and
 version) registered what, so errors and ``slr plugins`` can name them. The core's own
-plugins (``BUILTIN_PLUGINS``, in ``slr.builtin_plugins``) are registered first, attributed
-to slr-core, so nothing the core needs comes from another distribution.
+plugins (``BUILTIN_PLUGINS``) are registered first, attributed to slr-core, so nothing the
+core needs comes from another distribution. Each is an ordinary plugin module (hook
+implementations) that lives beside the concern it serves: ``slr.agents.plugin`` (the
+``oracle`` and ``nop`` agents), ``slr.proxy.plugin`` (the ``hermes`` tool-call parser),
+``slr.preflight.*_checks`` (the core's checks), ``slr.metrics.plugin`` (feeds the metric
+loggers); no entry point is needed, so a bare ``pip install slr-core`` (and the core's own
+tests) has them.
 """
 
 from __future__ import annotations
@@ -30,12 +35,12 @@ ENTRY_POINT_GROUP = "slr"
 #: Plugin modules inside slr-core, registered by every manager before the entry points:
 #: what every installation (and the core's own tests) needs, with no other distribution.
 BUILTIN_PLUGINS: tuple[str, ...] = (
-    "slr.builtin_plugins.model_free_agents",
-    "slr.builtin_plugins.tool_parsers",
-    "slr.builtin_plugins.preflight_checks",
-    "slr.builtin_plugins.runtime_checks",
-    "slr.builtin_plugins.sandbox_checks",
-    "slr.builtin_plugins.metric_loggers",
+    "slr.agents.plugin",
+    "slr.proxy.plugin",
+    "slr.preflight.core_checks",
+    "slr.preflight.runtime_checks",
+    "slr.preflight.sandbox_checks",
+    "slr.metrics.plugin",
 )
 CORE_DISTRIBUTION = "slr-core"
 

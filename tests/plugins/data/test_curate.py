@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from slr.contracts import Reward, TrialResult
-from slr.runs import RunDir
+from slr.run.directory import RunDir
 
 HELLO_TEST = """#!/bin/bash
 mkdir -p /logs/verifier

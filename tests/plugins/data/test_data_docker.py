@@ -22,8 +22,8 @@ from slr_data.synth import synth
 
 from slr.agents.model_free import NopAgent, OracleAgent
 from slr.plugins import get_plugin_manager
+from slr.rollout.trial import StandInSessions, run_trial
 from slr.tasks import load_task
-from slr.trial import StandInSessions, run_trial
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

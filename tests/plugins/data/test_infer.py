@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from slr import hookimpl
 from slr.agents.model_free import EMPTY_BUNDLE
 from slr.contracts import AgentAdapter, AgentOutcome, Bundle
-from slr.runs import RunDir
+from slr.run.directory import RunDir
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 

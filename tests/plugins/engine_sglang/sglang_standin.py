@@ -14,10 +14,10 @@ What it does not model: SGLang's scheduler, its radix cache, CUDA graphs, numeri
   would ignore them: the stand-in is stricter so a misspelt field fails a test).
 - ``POST /abort_request`` ``{"rid"}``: the request ends with ``{"type": "abort"}``.
 - ``POST /load_lora_adapter`` ``{"lora_name", "lora_path"}`` (with ``enable_lora``, as
-  ``--enable-lora``): REALLY reads the peft folder (``slr.lora.read_adapter``) and keeps it
+  ``--enable-lora``): REALLY reads the peft folder (``slr.engines.lora.read_adapter``) and keeps it
   by name; ``/unload_lora_adapter`` ``{"lora_name"}`` drops it; a ``/generate`` naming one
   (``lora_path``) runs with it applied to the backing hf model through the same peft layers
-  the hf engine uses (``slr.lora.load_weights``), a request naming none with that adapter
+  the hf engine uses (``slr.engines.lora.load_weights``), a request naming none with that adapter
   zeroed (the base's output exactly). The backing model holds one adapter at a time, so
   requests naming different adapters take turns (each switch waits for the running ones);
   SGLang batches them together. ``POST /update_weight_version`` sets the reported version.
@@ -353,7 +353,7 @@ class SglangStandIn:
         refused = _unknown(body, ACCEPTED_LOAD_LORA_FIELDS)
         if refused is not None:
             return refused
-        from slr.lora import read_adapter
+        from slr.engines.lora import read_adapter
 
         if not self.enable_lora:
             return _lora_failed("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")

@@ -34,8 +34,8 @@ from slr_engine_sglang.protocol import (
 )
 from slr_engine_sglang.server import launch_command
 
-from slr.balancer import LoadBalancer
 from slr.contracts import ContextOverflow, Engine, EngineUnavailable, SamplingParams
+from slr.engines.balancer import LoadBalancer
 from slr.errors import UsageError
 from slr.plugins import PluginManager
 from slr.testing import EngineTests

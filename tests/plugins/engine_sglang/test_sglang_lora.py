@@ -18,8 +18,8 @@ from slr_engine_sglang.server import launch_command
 
 from slr.contracts import EngineUnavailable, SamplingParams
 from slr.contracts.weights import LoraSpec, WeightUpdate
+from slr.engines.lora import is_adapter_folder, load_weights
 from slr.errors import UsageError
-from slr.lora import is_adapter_folder, load_weights
 
 pytestmark = pytest.mark.timeout(120)
 RANK = 4

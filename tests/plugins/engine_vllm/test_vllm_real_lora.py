@@ -2,7 +2,7 @@
 ``--enable-lora`` and runtime adapter loading), a LoRA weight update is written as a peft
 folder and loaded in place through ``/v1/load_lora_adapter``, and the server's log-probs
 then equal an fp32 forward pass of the base model carrying that adapter (peft's layers,
-``slr.lora.load_weights``: what the torch optimizer trains). A second adapter replaces the
+``slr.engines.lora.load_weights``: what the torch optimizer trains). A second adapter replaces the
 first under the same name (``load_inplace``), and is what the server computes next.
 """
 
@@ -23,7 +23,7 @@ from vllm_real_support import (
 
 from slr.contracts import SamplingParams
 from slr.contracts.weights import LoraSpec, WeightUpdate
-from slr.lora import load_weights
+from slr.engines.lora import load_weights
 from slr.testing.logprobs import max_abs_diff, reference_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]

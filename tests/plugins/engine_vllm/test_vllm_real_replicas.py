@@ -15,8 +15,8 @@ import pytest
 from slr_engine_vllm.engine import create_engine
 from vllm_real_support import metric, prompt_of, running, vllm_config
 
-from slr.balancer import LoadBalancer
 from slr.contracts import SamplingParams
+from slr.engines.balancer import LoadBalancer
 from slr.plugins import PluginManager
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]

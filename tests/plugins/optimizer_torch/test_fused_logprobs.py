@@ -18,8 +18,8 @@ from slr_optimizer_torch.optimizer import TorchOptimizer
 from slr_optimizer_torch.replay import RoutingReplay
 from slr_optimizer_torch.testing import tiny_causal_lm, trial
 
-from slr import lora as adapter_format
 from slr.config import AlgorithmSection
+from slr.engines import lora as adapter_format
 from slr.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,12 +18,12 @@ from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.optimizer import TorchOptimizer
 from slr_optimizer_torch.testing import trial
 
-from slr import checkpoints
 from slr.config import AlgorithmSection
 from slr.contracts import SamplingParams
 from slr.contracts.weights import WeightUpdate, is_lora, payload_bytes
+from slr.engines.lora import is_adapter_folder
 from slr.errors import ConfigError
-from slr.lora import is_adapter_folder
+from slr.run import checkpoints
 
 TEMPERATURE = 0.8
 QUESTIONS = ["list the files", "print hello"]
@@ -128,7 +128,7 @@ def test_a_lora_checkpoint_round_trips_and_the_engine_serves_it(tmp_path):
     opt.step(asyncio.run(rollout(source, 0, "a")))
     ckpt = tmp_path / "step-000001"
     opt.save(ckpt)
-    (ckpt / checkpoints.COMPLETE).write_text("")  # what slr.checkpoints writes last
+    (ckpt / checkpoints.COMPLETE).write_text("")  # what slr.run.checkpoints writes last
     policy = opt.servable_weights(ckpt)
     assert is_adapter_folder(policy)
     assert (policy / "tokenizer_config.json").is_file()

@@ -9,12 +9,12 @@ from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.optimizer import TorchOptimizer
 from slr_optimizer_torch.testing import sample, sample_trials, tiny_causal_lm, trial
 
-from slr import checkpoints
 from slr.config import AlgorithmSection
 from slr.contracts import Optimizer
 from slr.errors import ConfigError, UsageError
 from slr.plugins import PluginManager
-from slr.runs import RunDir
+from slr.run import checkpoints
+from slr.run.directory import RunDir
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
 

@@ -12,9 +12,9 @@ from slr_optimizer_torch import batch as batching
 from slr_optimizer_verl.config import VerlOptimizerConfig
 from slr_optimizer_verl.testing import agreement_trials
 
-from slr import checkpoints
 from slr.config import AlgorithmSection
 from slr.errors import UsageError
+from slr.run import checkpoints
 
 
 @pytest.mark.slow

@@ -15,10 +15,10 @@ from slr_optimizer_verl import checkpoint
 from slr_optimizer_verl.config import VerlOptimizerConfig
 from slr_optimizer_verl.testing import agreement_trials
 
-from slr import checkpoints
 from slr.config import AlgorithmSection
+from slr.engines.lora import is_adapter_folder, read_adapter
 from slr.errors import UsageError
-from slr.lora import is_adapter_folder, read_adapter
+from slr.run import checkpoints
 
 VOCAB = 49152
 

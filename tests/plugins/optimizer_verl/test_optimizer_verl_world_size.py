@@ -21,8 +21,8 @@ from slr_optimizer_torch import batch as batching
 from slr_optimizer_verl.config import VerlOptimizerConfig
 from slr_optimizer_verl.testing import agreement_trials
 
-from slr import checkpoints
 from slr.config import AlgorithmSection
+from slr.run import checkpoints
 
 TOLERANCE = 1e-4
 
@@ -32,7 +32,7 @@ def local_ray(ray_cluster):
     """The session's simulated Ray cluster (``slr.testing``) with one more node that has room
     for both ranks (2 CPUs): the ranks are packed on one node, and the cluster's own nodes
     have 1 CPU each. Yields that node's id; the node goes again after this module."""
-    from slr.runtime.cluster import LOOPBACK
+    from slr.cluster.ray_runtime import LOOPBACK
 
     node = ray_cluster.cluster.add_node(
         num_cpus=2, node_ip_address=LOOPBACK, object_store_memory=200 * 1024 * 1024

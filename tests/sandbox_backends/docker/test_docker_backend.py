@@ -22,11 +22,11 @@ from slr_backend_docker.base_image import BASE_TAG
 
 from slr.contracts import AgentAdapter, AgentOutcome, Bundle, SandboxError, TerminationReason
 from slr.plugins import get_plugin_manager
+from slr.rollout.trial import StandInSessions, run_trial, run_trials
 from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, RUN, SANDBOX, TASK, TRIAL
 from slr.tasks import load_task
 from slr.testing import SandboxBackendTests
 from slr.testing.sandbox_probes import probe_connect
-from slr.trial import StandInSessions, run_trial, run_trials
 
 pytestmark = pytest.mark.docker
 

@@ -27,7 +27,7 @@ import pytest
 from k8s_support import NAMESPACE
 from slr_backend_k8s.podspec import label_value
 
-from slr.runs import RunDir
+from slr.run.directory import RunDir
 from slr.sandboxing.labels import OWNER_PID, RUN
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]

@@ -11,8 +11,8 @@ from kubernetes.utils import parse_quantity
 
 from slr.contracts import AgentAdapter, AgentOutcome, Bundle, TerminationReason
 from slr.plugins import get_plugin_manager
+from slr.rollout.trial import StandInSessions, run_trial, run_trials
 from slr.sandboxing.labels import RUN, TASK, TRIAL
-from slr.trial import StandInSessions, run_trial, run_trials
 
 pytestmark = pytest.mark.k8s
 

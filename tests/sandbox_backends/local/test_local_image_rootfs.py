@@ -29,8 +29,8 @@ from slr_verifier_harbor.verifier import HarborVerifier
 
 from slr.agents.model_free import NopAgent, OracleAgent
 from slr.contracts import SandboxError
+from slr.rollout.trial import StandInSessions, run_trial
 from slr.tasks import load_task
-from slr.trial import StandInSessions, run_trial
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -1,4 +1,4 @@
-"""What the dashboard shows, read from run directories through ``slr.runs.RunDir`` alone.
+"""What the dashboard shows, read from run directories through ``slr.run.directory.RunDir`` alone.
 
 A ``Run`` follows one run directory: its metrics and events by byte offset
 (``RunDir.follow``), its trials by the names in ``trials/`` (a record is written once,
@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from slr.checkpoints import latest_checkpoint
 from slr.config import PLUGIN_SECTIONS
 from slr.contracts import TrialResult
 from slr.errors import UsageError
 from slr.plugins import get_plugin_manager
 from slr.proxy.server import TRANSCRIPT
-from slr.runs import RunDir
+from slr.run.checkpoints import latest_checkpoint
+from slr.run.directory import RunDir
 
 #: Longest agent / verifier log kept in a trial's detail view (the tail is what matters).
 LOG_CHARS = 20_000

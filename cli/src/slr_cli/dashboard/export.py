@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slr.runs import atomic_write
+from slr.run.directory import atomic_write
 from slr_cli.dashboard.data import Decode, Run, find_runs
 from slr_cli.dashboard.page import render_page
 

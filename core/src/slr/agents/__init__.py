@@ -7,7 +7,7 @@
   timeout, its own logs out); ``run_scaffold`` is most adapters' whole ``run``.
 - ``slr.agents.bundles_cli``: the ``slr bundles`` command group adapters add.
 - ``slr.agents.model_free``: the ``oracle`` and ``nop`` agents (no model), registered by
-  the core itself (``slr.builtin_plugins``).
+  the core itself (``slr.agents.plugin``, one of ``slr.plugins.BUILTIN_PLUGINS``).
 
 The toolkit knows no particular scaffold: what is a scaffold's own (its environment, a
 daemon it starts and must be ended) comes from its adapter as parameters.

@@ -150,10 +150,10 @@ def anthropic_base_url(base_url: str) -> str:
 
 async def bundle_root(sandbox: Sandbox, bundle: Bundle) -> str:
     """Where ``bundle`` is in ``sandbox``: the trial runner's mount point
-    (``slr.trial.BUNDLE_MOUNT``) when it holds this bundle; else the host path when the
+    (``slr.rollout.trial.BUNDLE_MOUNT``) when it holds this bundle; else the host path when the
     sandbox sees it (a backend that mounts at the same path, or shares the host's files);
     else the mount point (a bundle without a marker, such as a package folder)."""
-    from slr.trial import BUNDLE_MOUNT
+    from slr.rollout.trial import BUNDLE_MOUNT
 
     script = (
         f"if {Marker.shell_test(BUNDLE_MOUNT, bundle.version)}; "

@@ -1,7 +1,7 @@
 """The agents that call no model: ``oracle`` (the task's own solution) and ``nop``.
 
 They ship with the core, registered by the plugin manager itself
-(``slr.builtin_plugins.model_free_agents``), because every installation needs them: they
+(``slr.agents.plugin``), because every installation needs them: they
 validate tasks and sandbox backends (a sound task scores 1 with the oracle and 0 with nop,
 ``slr check-tasks``), and the core's own tests and conformance suites run trials with them.
 """

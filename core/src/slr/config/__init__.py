@@ -18,9 +18,9 @@ import attrs
 import tomli_w
 from attrs import frozen, validators
 
+from slr.cluster.ray_runtime import check_address
 from slr.config.structure import option, structure, unstructure
 from slr.errors import ConfigError, UsageError
-from slr.runtime.cluster import check_address
 
 __all__ = ["EVAL_PLUGINS", "PLUGIN_SECTIONS", "Config", "PluginChoice", "load_config", "option"]
 

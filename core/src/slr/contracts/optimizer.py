@@ -25,7 +25,7 @@ class Optimizer(Protocol):
 
         Write only files of your own: the folder's layout around them (its name, the
         ``COMPLETE`` marker written once everything is on disk, the loop's state) belongs
-        to ``slr.checkpoints``, which calls ``save``.
+        to ``slr.run.checkpoints``, which calls ``save``.
         """
         ...
 

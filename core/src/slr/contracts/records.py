@@ -240,9 +240,9 @@ class Reward:
 
 @frozen(kw_only=True)
 class TrialCosts:
-    """Where one trial's wall time and sandbox CPU went, phase by phase (``slr.costs``).
+    """Where one trial's wall time and sandbox CPU went, phase by phase (``slr.rollout.costs``).
 
-    ``wall_s`` holds every phase of ``slr.costs.PHASES`` and sums to the trial's
+    ``wall_s`` holds every phase of ``slr.rollout.costs.PHASES`` and sums to the trial's
     ``timings["total_s"]``. ``cpu_s`` holds the phases the backend could measure: the CPU of
     everything that ran in the sandbox (and, where the backend can tell, the host work it did
     to make it); a pooled sandbox's ``sandbox_start`` includes what it used while it waited

@@ -10,7 +10,7 @@ so (``require_full``) instead of mistaking adapter tensors for parameter names.
 
 Adapter tensor names are the adapted module's name in the base model plus ``.lora_A.weight``
 or ``.lora_B.weight`` (``model.layers.0.self_attn.q_proj.lora_A.weight``): no adapter name,
-no wrapper prefix. ``slr.lora`` writes them as a peft adapter folder.
+no wrapper prefix. ``slr.engines.lora`` writes them as a peft adapter folder.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
 import httpx
 
-from slr.balancer import LoadBalancer
 from slr.contracts import EngineUnavailable
+from slr.engines.balancer import LoadBalancer
 from slr.engines.server import ServerProcess
 from slr.errors import UsageError
 

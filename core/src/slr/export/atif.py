@@ -38,7 +38,7 @@ from typing import Any
 from slr.contracts import TrialResult
 from slr.errors import UsageError
 from slr.proxy.server import TRANSCRIPT
-from slr.runs import RunDir, atomic_write
+from slr.run.directory import RunDir, atomic_write
 
 SCHEMA_VERSION = "ATIF-v1.7"
 #: Where a trial's trajectory goes under the output folder: Harbor's trial layout.

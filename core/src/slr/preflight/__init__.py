@@ -2,7 +2,7 @@
 
 ``slr preflight``, and ``slr run`` / ``slr eval`` before they start an engine or a sandbox,
 call ``run_preflight``. The checks come from plugins through the ``register_preflight_checks``
-hook (the core's own checks are a built-in plugin, ``slr.builtin_plugins.preflight_checks``),
+hook (the core's own checks are a built-in plugin, ``slr.preflight.core_checks``),
 so a backend checks its own daemon and an engine its own model. Each check belongs to a
 ``Stage``; stages run cheapest first and a fatal result ends the preflight after its stage,
 so a wrong knob is reported in well under a second, before a model is loaded:

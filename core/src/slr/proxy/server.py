@@ -37,7 +37,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from slr.config import ProxySection
 from slr.contracts import Endpoint, Engine, SamplingParams, TerminationReason, Trajectory
-from slr.costs import ModelClock
 from slr.errors import UsageError
 from slr.proxy.accumulator import Accumulator
 from slr.proxy.app import build_app
@@ -45,7 +44,8 @@ from slr.proxy.render import Renderer
 from slr.proxy.session import Completer, SessionState, SessionTable, new_token
 from slr.proxy.toolparse import get_tool_parser
 from slr.proxy.transport import HeadWithBody
-from slr.runs import atomic_write
+from slr.rollout.costs import ModelClock
+from slr.run.directory import atomic_write
 
 log = structlog.get_logger()
 
@@ -80,7 +80,7 @@ class Session:
 
     @property
     def clock(self) -> ModelClock:
-        """The session's model time (``slr.costs``): first call, time waiting on the engine."""
+        """The session's model time (``slr.rollout.costs``): first call, time waiting on the engine."""
         return self._state.clock
 
     @property
@@ -386,7 +386,7 @@ def write_transcript(folder: Path, transcript: Mapping[str, Any]) -> Path:
 
 
 class ProxySessions:
-    """The proxy as ``slr.trial.SessionFactory``: one session per trial.
+    """The proxy as ``slr.rollout.trial.SessionFactory``: one session per trial.
 
     ``protocol`` is the agent's API (``AgentAdapter.protocol``), which picks the base URL;
     ``model`` is the name the agent sends. With ``transcripts`` (the run directory's

@@ -24,12 +24,12 @@ from slr.contracts import (
     Trajectory,
 )
 from slr.contracts.engine import ChunkCollector
-from slr.costs import ModelClock
 from slr.proxy.accumulator import Accumulator, Prepared
 from slr.proxy.errors import ApiError
 from slr.proxy.messages import Message, Tool, ToolCall
 from slr.proxy.render import Renderer
 from slr.proxy.toolparse import ToolParser
+from slr.rollout.costs import ModelClock
 
 log = structlog.get_logger()
 

@@ -1,7 +1,7 @@
 """A warm sandbox pool: sandboxes for the next trials started ahead of need, up to a bound.
 
 ``SandboxPool`` wraps any ``SandboxBackend`` and is one itself, so the trial runner does
-not know it is there. The rollout session tells it which tasks come next (``expect``); it
+not know it is there. The trial recorder tells it which tasks come next (``expect``); it
 keeps up to ``size`` sandboxes for them starting or running, and ``start`` hands out one
 already running for the trial's task (or starts one, as the backend would, when none is).
 The backends only start and stop sandboxes; everything here is theirs to share.

@@ -33,6 +33,7 @@ from slr.contracts import (
     SandboxError,
     TerminationReason,
 )
+from slr.rollout.trial import StandInSessions, new_trial_id, run_trial, run_trials
 from slr.sandboxing.pool import PooledSandbox
 from slr.testing.sandbox_probes import (
     HTTP_PROBE,
@@ -46,7 +47,6 @@ from slr.testing.sandbox_probes import (
     stand_in_proxy,
 )
 from slr.testing.scripted_policy import Recorded, ScriptedPolicyStub
-from slr.trial import StandInSessions, new_trial_id, run_trial, run_trials
 
 
 def _run(coro):

@@ -48,8 +48,8 @@ def sandbox_factory(tmp_path_factory):
     import os
     import uuid
 
+    from slr.rollout.trial import BUNDLE_MOUNT
     from slr.tasks import load_task
-    from slr.trial import BUNDLE_MOUNT
 
     folder = tmp_path_factory.mktemp("adapter-task")
     (folder / "environment").mkdir()

@@ -3,7 +3,7 @@
 Each role node carries its own custom resource (``engine``, ``sandbox``, ...), so an actor
 that asks for ``{engine = 1}`` lands on the engine node, and a test can assert where things
 ran by node id. Starting one costs seconds: the ``ray_cluster`` fixture starts it once per
-test session, and this process's driver is connected to it (``slr.runtime.cluster.connect``
+test session, and this process's driver is connected to it (``slr.cluster.ray_runtime.connect``
 then reuses that connection and never shuts it down).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from attrs import frozen
 
-from slr.runtime.cluster import LOOPBACK, stay_on_loopback
+from slr.cluster.ray_runtime import LOOPBACK, stay_on_loopback
 
 #: One entry per node besides the head: (role, CPUs, units of the role's custom resource).
 #: Two engine nodes with one unit each: two replicas asking {engine = 1} land on different

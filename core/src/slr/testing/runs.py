@@ -15,7 +15,7 @@ from pathlib import Path
 _HOLDER = textwrap.dedent(
     """
     import sys
-    from slr.runs import RunDir
+    from slr.run.directory import RunDir
     run = RunDir.open(sys.argv[1])
     run.hold()
     print("held", flush=True)

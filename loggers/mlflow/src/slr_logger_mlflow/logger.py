@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from slr.loggers import scalars
+from slr.metrics.loggers import scalars
 
 log = structlog.get_logger()
 
@@ -63,7 +63,7 @@ def flat_params(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str
 
 
 class MlflowLogger:
-    """``slr.loggers.MetricLogger`` over ``MlflowClient``: params once, metrics per step."""
+    """``slr.metrics.loggers.MetricLogger`` over ``MlflowClient``: params once, metrics per step."""
 
     def __init__(self) -> None:
         self.client: Any = None

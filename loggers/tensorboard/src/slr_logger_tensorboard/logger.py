@@ -6,14 +6,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from slr.loggers import scalars
+from slr.metrics.loggers import scalars
 
 #: The folder inside the run directory that holds the event files.
 FOLDER = "tensorboard"
 
 
 class TensorBoardLogger:
-    """``slr.loggers.MetricLogger`` writing one scalar per metric and step."""
+    """``slr.metrics.loggers.MetricLogger`` writing one scalar per metric and step."""
 
     def __init__(self) -> None:
         self.writer: Any = None

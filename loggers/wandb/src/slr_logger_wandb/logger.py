@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from slr.loggers import scalars
+from slr.metrics.loggers import scalars
 
 DEFAULT_PROJECT = "slr"
 
@@ -23,7 +23,7 @@ def run_key(run_id: str) -> str:
 
 
 class WandbLogger:
-    """``slr.loggers.MetricLogger`` over ``wandb.init`` / ``log`` / ``finish``."""
+    """``slr.metrics.loggers.MetricLogger`` over ``wandb.init`` / ``log`` / ``finish``."""
 
     def __init__(self) -> None:
         self.run: Any = None

@@ -107,7 +107,7 @@ def validate(paths, repeats, backend, backend_opts, verifier, concurrency, outpu
 
 def pass_rates(eval_dir: Path, threshold: float = 1.0) -> dict[str, tuple[int, int]]:
     """(successes, trials) per task from an ``slr eval`` run folder; infrastructure failures skipped."""
-    from slr.runs import RunDir
+    from slr.run.directory import RunDir
 
     rates: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for trial in RunDir.open(eval_dir).trials():
@@ -226,7 +226,7 @@ def _run_eval(
     tasks_path: Path, choices: tuple, *, samples: int, threshold: float, skip_preflight: bool
 ) -> Path:
     """``slr eval -k samples`` over ``tasks_path``: the same code as the command; its folder."""
-    from slr.evaluation import Evaluation
+    from slr.run.evaluation import Evaluation
 
     config_path, agent, backend, engine, _optimizer, verifier, sets = choices
     cfg = resolve_config(

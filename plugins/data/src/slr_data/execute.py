@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from slr.contracts import SandboxError
+from slr.rollout.trial import new_trial_id
 from slr.sandboxing.labels import trial_labels
 from slr.tasks import Task
-from slr.trial import new_trial_id
 
 REPORT = "/tmp/slr-report.json"
 

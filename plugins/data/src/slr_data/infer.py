@@ -1,7 +1,7 @@
 """``slr infer``: run an agent with a model over a task set, no training, and export what it did.
 
-An inference is an evaluation (``slr.evaluation.Evaluation``: the same parts built from the
-config, the same ``RolloutSession``, the same run directory and ``eval.json``) whose trials
+An inference is an evaluation (``slr.run.evaluation.Evaluation``: the same parts built from the
+config, the same ``TrialRecorder``, the same run directory and ``eval.json``) whose trials
 keep the agent's final change to the repository (``TrialSpec.capture_diff``, recorded as
 ``TrialResult.diff``). Two exports are then written from the run directory alone, so they
 can be re-made from a finished or resumed run:
@@ -26,9 +26,9 @@ from typing import Any
 import attrs
 
 from slr.contracts import TrialResult
-from slr.evaluation import Evaluation
-from slr.rollout import TrialSpec
-from slr.runs import RunDir, atomic_write
+from slr.rollout.recorder import TrialSpec
+from slr.run.directory import RunDir, atomic_write
+from slr.run.evaluation import Evaluation
 from slr.tasks import Task
 
 PREDICTIONS = "predictions.jsonl"
@@ -130,7 +130,7 @@ def write_sft(run: RunDir, specs: list[TrialSpec], *, threshold: float) -> dict[
 
 def export(inference: Inference, *, sft: bool, model_name: str | None = None) -> dict[str, Any]:
     """Write the predictions (and with ``sft`` the SFT file) into the run directory."""
-    from slr.evaluation import engine_model
+    from slr.run.evaluation import engine_model
 
     cfg = inference.config
     model = (

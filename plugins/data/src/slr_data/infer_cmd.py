@@ -139,8 +139,8 @@ def infer(
 
 
 def _calls_model(cfg) -> bool:
-    from slr.loop import build_plugin
     from slr.plugins import get_plugin_manager
+    from slr.run.loop import build_plugin
 
     return bool(build_plugin(cfg, get_plugin_manager(), "agent").needs_model)
 

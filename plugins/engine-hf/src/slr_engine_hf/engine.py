@@ -21,7 +21,7 @@ from slr.contracts import (
     collect,
 )
 from slr.contracts.engine import check_update_mode
-from slr.lora import is_adapter_folder, load_weights, read_adapter
+from slr.engines.lora import is_adapter_folder, load_weights, read_adapter
 from slr_engine_hf.attention import use_decode_attention
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.models import resolve
@@ -216,7 +216,7 @@ class HfEngine:
     ) -> int:
         """Copy ``state_dict`` into the served model; returns the new version. A LoRA update
         (``slr.contracts.weights.WeightUpdate``, kind ``"lora"``) puts its adapter on the
-        model's own base weights (peft's layers, ``slr.lora.load_weights``), so the engine
+        model's own base weights (peft's layers, ``slr.engines.lora.load_weights``), so the engine
         computes exactly what the trainer's adapted model computes.
 
         ``"drain"``: once running generations finish (new ones wait meanwhile).

@@ -37,8 +37,8 @@ import attrs
 import structlog
 from filelock import FileLock
 
+from slr.engines.lora import is_adapter_folder
 from slr.errors import UsageError
-from slr.lora import is_adapter_folder
 from slr.proxy.render import turn_suffix
 
 log = structlog.get_logger()
@@ -229,7 +229,7 @@ def hub_snapshot(repo_id: str) -> Path:
 
 def resolve(model: str | os.PathLike[str]) -> Path:
     """A loadable Hugging Face folder for ``model``: a packaged name, a folder, a .gguf or a
-    Hub id in the local Hub cache; or a LoRA adapter folder (``slr.lora``), returned as it is."""
+    Hub id in the local Hub cache; or a LoRA adapter folder (``slr.engines.lora``), returned as it is."""
     text = str(model)
     if text in PACKAGED:
         return ensure_model(text)

@@ -21,7 +21,7 @@ def _tokenizer_folder(model: str) -> Path:
 
 
 def _model_context(folder: Path) -> int | None:
-    from slr.lora import CONFIG, is_adapter_folder
+    from slr.engines.lora import CONFIG, is_adapter_folder
 
     if is_adapter_folder(folder):  # a LoRA checkpoint: the context is its base model's
         from slr_engine_hf.models import resolve

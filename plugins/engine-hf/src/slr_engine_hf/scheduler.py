@@ -39,7 +39,7 @@ import torch
 
 from slr.contracts import EngineUnavailable, Generation, GenerationChunk, SamplingParams
 from slr.contracts.weights import is_lora
-from slr.lora import load_weights
+from slr.engines.lora import load_weights
 from slr_engine_hf.batch import KV, Batch
 from slr_engine_hf.prefill import defer_shared, plan_passes, prefill, prefill_rows
 from slr_engine_hf.prefix_cache import RadixPrefixCache
@@ -219,7 +219,7 @@ class Scheduler(threading.Thread):
             return False
         try:
             if is_lora(update.state_dict):
-                # only the adapter travels; the base weights stay as loaded (slr.lora)
+                # only the adapter travels; the base weights stay as loaded (slr.engines.lora)
                 load_weights(self.model, update.state_dict)
             else:
                 self._copy_state(update.state_dict)

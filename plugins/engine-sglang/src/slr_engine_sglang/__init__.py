@@ -2,7 +2,7 @@
 
 Launches ``python -m sglang.launch_server`` processes (or attaches to running servers)
 and speaks SGLang's native ``/generate`` API with prompt token ids in and sampled token
-ids plus log-probs out. Several servers are combined behind ``slr.balancer.LoadBalancer``.
+ids plus log-probs out. Several servers are combined behind ``slr.engines.balancer.LoadBalancer``.
 """
 
 import slr

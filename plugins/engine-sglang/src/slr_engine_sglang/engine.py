@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import structlog
 
-from slr.balancer import LoadBalancer
 from slr.contracts import (
     ContextOverflow,
     EngineUnavailable,
@@ -35,6 +34,7 @@ from slr.contracts import (
 )
 from slr.contracts.engine import check_update_mode
 from slr.contracts.weights import is_lora
+from slr.engines.balancer import LoadBalancer
 from slr.engines.protocol import response_json, sse_data
 from slr.engines.remote import (
     HttpEngine,

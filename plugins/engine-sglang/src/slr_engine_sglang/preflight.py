@@ -11,8 +11,8 @@ from urllib.parse import urlparse
 
 import httpx
 
-from slr.engines.preflight import DOC, launch_headroom, model_cards, replica_gpus
 from slr.preflight import CheckResult, Context, fatal, ok, warn
+from slr.preflight.engines import DOC, launch_headroom, model_cards, replica_gpus
 
 _LOCAL = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 

@@ -8,7 +8,7 @@ readable by the server at the same path: the same machine, or a shared filesyste
 Older folders beyond ``keep_weight_versions`` are deleted once a newer one is loaded.
 
 A LoRA update (``slr.contracts.weights.WeightUpdate`` of kind ``"lora"``) gets the same
-versioned folder, written as a peft adapter folder by ``slr.lora`` (the format's owner),
+versioned folder, written as a peft adapter folder by ``slr.engines.lora`` (the format's owner),
 for ``/load_lora_adapter`` to read.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from slr.contracts.weights import is_lora
-from slr.lora import write_adapter
+from slr.engines.lora import write_adapter
 
 # Files of a model folder that SGLang reads besides the weights themselves.
 _BESIDE_WEIGHTS = (

@@ -2,7 +2,7 @@
 
 Launches ``vllm serve`` processes (or attaches to running servers) and speaks vLLM's
 OpenAI-compatible completions API with prompt token ids in and sampled token ids plus
-log-probs out. Several servers are combined behind ``slr.balancer.LoadBalancer``.
+log-probs out. Several servers are combined behind ``slr.engines.balancer.LoadBalancer``.
 """
 
 import slr

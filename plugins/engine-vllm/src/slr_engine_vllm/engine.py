@@ -25,7 +25,6 @@ import attrs
 import httpx
 import structlog
 
-from slr.balancer import LoadBalancer
 from slr.contracts import (
     ContextOverflow,
     EngineUnavailable,
@@ -36,6 +35,7 @@ from slr.contracts import (
 )
 from slr.contracts.engine import check_update_mode, collect
 from slr.contracts.weights import WeightUpdate, is_lora
+from slr.engines.balancer import LoadBalancer
 from slr.engines.protocol import response_json, sse_data
 from slr.engines.remote import (
     HttpEngine,

@@ -9,8 +9,8 @@ import shutil
 
 import httpx
 
-from slr.engines.preflight import DOC, launch_headroom, model_cards, replica_gpus
 from slr.preflight import CheckResult, Context, fatal, ok, warn
+from slr.preflight.engines import DOC, launch_headroom, model_cards, replica_gpus
 
 
 def _applies(ctx: Context) -> bool:

@@ -13,7 +13,7 @@ NCCL from the trainer (rank 0) to the server's workers (ranks 1..N):
    ``POST /resume``.
 
 A LoRA update (``slr.contracts.weights.WeightUpdate``, kind ``"lora"``) takes another path:
-the adapter is written as a peft folder (``slr.lora``) where the server reads it, then
+the adapter is written as a peft folder (``slr.engines.lora``) where the server reads it, then
 ``POST /pause``, ``POST /v1/load_lora_adapter`` with ``{"lora_name", "lora_path",
 "load_inplace": true}`` (the same name each time: the adapter's weights are replaced in
 place), ``POST /resume``; requests then name the adapter as their ``model``. The server
@@ -37,8 +37,8 @@ from attrs import frozen
 
 from slr.contracts import EngineUnavailable
 from slr.contracts.weights import WeightUpdate
+from slr.engines.lora import write_adapter
 from slr.errors import UsageError
-from slr.lora import write_adapter
 
 _FULL_NEEDS = (
     "the server in dev mode (VLLM_SERVER_DEV_MODE=1) and launched with --weight-transfer-config"

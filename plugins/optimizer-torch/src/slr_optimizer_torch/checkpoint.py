@@ -5,7 +5,7 @@
     step-000012/
       policy/              a Hugging Face model folder (from_pretrained loads it; the
                            optimizer's ``servable_weights``); with LoRA (lora_rank > 0) a
-                           peft adapter folder instead (``slr.lora``: adapter_config.json,
+                           peft adapter folder instead (``slr.engines.lora``: adapter_config.json,
                            adapter_model.safetensors, naming its base model), which the hf
                            engine serves over that base
       value_head.pt        gae only
@@ -14,7 +14,7 @@
       trainer_state.json   step and update counts, temperature, algorithm and options
 
 The folder around these files (its name, the ``COMPLETE`` marker, the loop's state, the
-fsync before the marker) is ``slr.checkpoints``'s; ``load`` refuses a folder without the
+fsync before the marker) is ``slr.run.checkpoints``'s; ``load`` refuses a folder without the
 marker, so a process killed mid-write leaves the previous checkpoint to resume from.
 """
 
@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from slr.checkpoints import require_complete
 from slr.config import AlgorithmSection
 from slr.config.structure import unstructure
 from slr.contracts.weights import LoraSpec
+from slr.engines.lora import is_adapter_folder, load_weights, read_adapter, write_adapter
 from slr.errors import UsageError
-from slr.lora import is_adapter_folder, load_weights, read_adapter, write_adapter
-from slr.runs import atomic_write
+from slr.run.checkpoints import require_complete
+from slr.run.directory import atomic_write
 from slr_optimizer_torch import lora
 from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.model import resolve_model_name, tokenizer_files

@@ -1,11 +1,11 @@
 """LoRA in the torch trainer: the adapter put on the policy, and what leaves the trainer.
 
 With ``[optimizer] lora_rank > 0`` the policy gets a peft LoRA adapter on ``target_modules``
-(``slr.lora.inject``: peft's layers in place, the model keeps its class and its base weights
+(``slr.engines.lora.inject``: peft's layers in place, the model keeps its class and its base weights
 are frozen), so the trainer's parameter set, and so AdamW's state, is the adapter alone.
 ``export`` is what the engines receive: a ``WeightUpdate`` of kind ``"lora"`` holding only
 the adapter's matrices; the checkpoint's ``policy/`` is the same as a peft adapter folder
-(``slr.lora.write_adapter``).
+(``slr.engines.lora.write_adapter``).
 
 Dropout (``lora_dropout``) applies in the training forward only: the trainer runs its model
 in eval mode so its log-probs are the engine's, and ``GradOnlyDropout`` drops only while
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from slr import lora as adapter_format
 from slr.contracts.weights import LoraSpec, WeightUpdate
+from slr.engines import lora as adapter_format
 from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.model import resolve_model_name
 

@@ -8,7 +8,7 @@
                            with LoRA the adapter's alone: verl's save_lora_only)
         huggingface/       a Hugging Face model folder (the optimizer's servable_weights;
                            not written with LoRA)
-      adapter/             LoRA only: the adapter as a peft folder (slr.lora), the
+      adapter/             LoRA only: the adapter as a peft folder (slr.engines.lora), the
                            servable weights, over the base model it names
       critic/              gae only: the critic worker's checkpoint manager's folder
       trainer_state.json   step and update counts, the shuffling generator, options
@@ -20,7 +20,7 @@ in bf16), so a server reading the config would load fp32 weights as bf16: ``save
 config's dtype to the one the safetensors files hold (``match_config_dtype``).
 
 The folder around these (its name, the ``COMPLETE`` marker, the loop's state) is
-``slr.checkpoints``'s; ``load`` refuses a folder without the marker.
+``slr.run.checkpoints``'s; ``load`` refuses a folder without the marker.
 """
 
 from __future__ import annotations
@@ -34,18 +34,18 @@ from typing import Any
 
 import torch
 
-from slr.checkpoints import require_complete
 from slr.config.structure import unstructure
+from slr.engines.lora import is_adapter_folder, write_adapter
 from slr.errors import UsageError
-from slr.lora import is_adapter_folder, write_adapter
-from slr.runs import atomic_write
+from slr.run.checkpoints import require_complete
+from slr.run.directory import atomic_write
 
 VERL = "verl"
 """verl's checkpoint manager's folder inside a checkpoint."""
 HF = "huggingface"
 """Where verl's checkpoint manager writes the Hugging Face model (``hf_model``)."""
 ADAPTER = "adapter"
-"""The LoRA adapter folder (``slr.lora``'s peft format) of a LoRA run."""
+"""The LoRA adapter folder (``slr.engines.lora``'s peft format) of a LoRA run."""
 CRITIC = "critic"
 """The critic worker's checkpoint manager's folder (gae)."""
 STATE = "trainer_state.json"

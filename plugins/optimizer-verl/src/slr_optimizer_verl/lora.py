@@ -3,7 +3,7 @@
 With ``[optimizer] lora_rank > 0`` verl's FSDP engine puts a peft LoRA adapter on the
 policy (``HFModelConfig.lora_rank`` / ``lora_alpha`` / ``target_modules``, verl's
 ``_build_lora_module``), so its AdamW holds the adapter alone. The engines receive only the
-adapter: a ``WeightUpdate`` of kind ``"lora"`` keyed as ``slr.lora`` names it (``<module>
+adapter: a ``WeightUpdate`` of kind ``"lora"`` keyed as ``slr.engines.lora`` names it (``<module>
 .lora_A.weight``, the base model's module names), gathered from the FSDP shards one tensor at
 a time, the same update the torch optimizer exports.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from slr import lora as adapter_format
 from slr.contracts.weights import LoraSpec, WeightUpdate
+from slr.engines import lora as adapter_format
 
 
 def _full(tensor: Any) -> torch.Tensor:

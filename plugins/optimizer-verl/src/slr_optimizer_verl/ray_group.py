@@ -5,7 +5,7 @@ each) with verl's own single controller: a ``RayResourcePool`` of N bundles pack
 node (``{CPU: 1}`` each, plus ``{GPU: 1}`` on cuda), ``RayClassWithInitArgs`` and
 ``RayWorkerGroup``, which gives every rank its ``RANK`` / ``WORLD_SIZE`` / master address.
 verl's FSDP engine shards the model over the N ranks. Ray is the run's (``[run]
-ray_address``, through ``slr.runtime.cluster``): a private local Ray when none is running.
+ray_address``, through ``slr.cluster.ray_runtime``): a private local Ray when none is running.
 
 A batch goes out the way verl's trainer sends it: reordered so each rank gets about the
 same work, filled to a multiple of N (``dispatch.for_ranks``), then verl's dispatch cuts it
@@ -74,7 +74,7 @@ class RayGroup:
         world_size: int,
         ray_address: str | None = None,
     ) -> None:
-        from slr.runtime import cluster
+        from slr.cluster import ray_runtime
 
         if world_size < 2:
             raise ValueError(f"a Ray worker group needs world_size >= 2, not {world_size}")
@@ -87,7 +87,7 @@ class RayGroup:
             from slr_optimizer_verl.cpu_platform import select_cpu
 
             select_cpu()
-        self._connection = cluster.connect(
+        self._connection = ray_runtime.connect(
             ray_address, num_cpus=max(os.cpu_count() or 1, world_size)
         )
         try:

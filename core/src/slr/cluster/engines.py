@@ -39,7 +39,7 @@ from typing import Any
 import structlog
 from attrs import frozen
 
-from slr.balancer import LoadBalancer
+from slr.cluster import ray_runtime
 from slr.contracts import (
     ContextOverflow,
     EngineUnavailable,
@@ -50,8 +50,8 @@ from slr.contracts import (
 )
 from slr.contracts.engine import ChunkCollector
 from slr.contracts.weights import portable
+from slr.engines.balancer import LoadBalancer
 from slr.errors import UsageError
-from slr.runtime import cluster
 
 log = structlog.get_logger()
 
@@ -278,7 +278,7 @@ class RayEngine:
         info: Mapping[str, Any],
         *,
         name: str,
-        connection: cluster.Connection | None = None,
+        connection: ray_runtime.Connection | None = None,
         owner: bool = True,
     ) -> None:
         self.actor = actor
@@ -499,7 +499,7 @@ def start_engine_replicas(
     count = int(run.engine_replicas)
     if count < 1:
         raise ValueError(f"engine_replicas = {count}: replicas start only for 1 or more")
-    connection = cluster.connect(run.ray_address)
+    connection = ray_runtime.connect(run.ray_address)
     try:
         resources = dict(run.engine_resources)
         check_placeable(resources, count)
@@ -532,7 +532,7 @@ def start_engine_replicas(
     engines = []
     for i, (name, actor, info) in enumerate(zip(names, actors, infos, strict=True)):
         # One hold on the connection per replica; the first is the one taken above.
-        hold = connection if i == 0 else cluster.connect(run.ray_address)
+        hold = connection if i == 0 else ray_runtime.connect(run.ray_address)
         engines.append(RayEngine(actor, info, name=name, connection=hold))
     log.info(
         "engine replicas ready",

@@ -7,7 +7,7 @@
       metrics.jsonl      one line per optimizer step
       events.jsonl       run-level events (started, resumed, failed, ...)
       trials/<id>.json   one record per trial (atomic write; a trial is never recorded twice)
-      checkpoints/       optimizer checkpoints, one folder per step (layout: slr.checkpoints)
+      checkpoints/       optimizer checkpoints, one folder per step (layout: slr.run.checkpoints)
       run.lock           who holds the run while it is in flight (pid, host, since)
 
 Every whole-file write goes to a temporary file and is renamed into place. Appends are
@@ -15,7 +15,7 @@ flushed at once and fsynced when ``sync()`` is called at step boundaries. A proc
 mid-append leaves at most a torn last line, which readers skip and the next writer repairs.
 
 ``slr status``, ``slr eval --checkpoint`` and resume read only through ``RunDir`` (and
-``slr.checkpoints``).
+``slr.run.checkpoints``).
 
 A full disk (or an exhausted quota) does not stop a run: a write that finds no space waits
 for space (``wait_for_space``: it retries with back-off, up to ``DISK_FULL_WAIT_S``), then
@@ -391,7 +391,7 @@ class RunDir:
         """Record a trial. Recording the same trial id twice is a bug and raises.
 
         It blocks (encode, write, fsync): code on an event loop calls it in a thread, as
-        ``RolloutSession.record`` does.
+        ``TrialRecorder.record`` does.
         """
         path = self.path / "trials" / f"{trial.trial_id}.json"
         if path.exists():

@@ -56,7 +56,7 @@ from slr.contracts import (
     VerifierError,
     VerifierTimeout,
 )
-from slr.costs import CostMeter, ModelClock, sandbox_cpu_s
+from slr.rollout.costs import CostMeter, ModelClock, sandbox_cpu_s
 from slr.sandboxing.labels import trial_labels
 from slr.tasks import AGENT_LOGS_DIR, Task
 
@@ -146,7 +146,7 @@ async def run_trial(
     docstring). The sandbox carries the run, trial and task labels
     (``slr.sandboxing.labels.trial_labels``) plus ``labels``, which cannot override them.
     Nothing is written here: recording a trial is
-    ``slr.rollout.RolloutSession.record``'s job.
+    ``slr.rollout.recorder.TrialRecorder.record``'s job.
     """
     trial_id = trial_id or new_trial_id(task.id)
     trial = _Trial(

@@ -1,5 +1,5 @@
 """A replica's stream to the proxy in chunks: every token sampled since the consumer took
-the previous chunk goes out as one Ray object (``slr.runtime.engines._Coalescer``), not one
+the previous chunk goes out as one Ray object (``slr.cluster.engines._Coalescer``), not one
 object per token. No Ray needed: the coalescer sits between the engine's stream and the
 actor's generator."""
 
@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
+from slr.cluster.engines import _Coalescer, _Failure, merge_chunks
 from slr.contracts import EngineUnavailable, GenerationChunk, collect
-from slr.runtime.engines import _Coalescer, _Failure, merge_chunks
 
 pytestmark = pytest.mark.timeout(30)
 

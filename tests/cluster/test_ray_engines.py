@@ -1,4 +1,4 @@
-"""Engine replicas as Ray actors on a simulated two-engine-node cluster (slr.runtime).
+"""Engine replicas as Ray actors on a simulated two-engine-node cluster (slr.cluster).
 
 The replicas serve a tiny random model saved to a folder, built from the run config inside
 each actor's own process by the ``hf`` plugin, exactly as ``slr run`` builds them with
@@ -15,12 +15,12 @@ import attrs
 import pytest
 from slr_engine_hf import tiny
 
-from slr.balancer import LoadBalancer
+from slr.cluster.engines import RayEngine
 from slr.config import load_config
 from slr.contracts import EngineUnavailable, SamplingParams
-from slr.loop import build_plugin
+from slr.engines.balancer import LoadBalancer
 from slr.plugins import get_plugin_manager
-from slr.runtime.engines import RayEngine
+from slr.run.loop import build_plugin
 from slr.testing import EngineTests
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -70,8 +70,8 @@ def test_replicas_are_actors_on_the_two_engine_nodes(balancer, ray_cluster):
 
 
 def test_replicas_no_node_can_hold_fail_at_once_naming_the_resource(ray_cluster, model_folder):
+    from slr.cluster.engines import start_engine_replicas
     from slr.errors import UsageError
-    from slr.runtime.engines import start_engine_replicas
 
     config = replica_config(model_folder, replicas=1)
     config = attrs.evolve(config, run=attrs.evolve(config.run, engine_resources={"engine": 2}))
@@ -208,7 +208,7 @@ def test_another_process_view_of_the_replicas_fails_over_and_owns_none(balancer)
     closing the view ends no replica."""
     import ray
 
-    from slr.runtime.engines import attach_replicas, replica_handles
+    from slr.cluster.engines import attach_replicas, replica_handles
 
     handles = replica_handles(balancer)
     assert [h.name for h in handles] == ["engine-0", "engine-1"]

@@ -13,10 +13,10 @@ import pytest
 CHILD = """
 import json, sys
 import ray  # imported early on purpose, as a library might: Ray has read its switches
-from slr.runtime import cluster
+from slr.cluster import ray_runtime
 
-first = cluster.connect(None, num_cpus=1)
-second = cluster.connect("local")
+first = ray_runtime.connect(None, num_cpus=1)
+second = ray_runtime.connect("local")
 addresses = sorted({n["NodeManagerAddress"] for n in ray.nodes()})
 first.release()
 up_after_one = ray.is_initialized()

@@ -2,8 +2,8 @@
 
 Each step samples ``rollout.tasks_per_step`` tasks (the order is a pure function of
 ``run.seed`` and the step number, so a resumed run samples the same tasks), runs
-``rollout.n_per_task`` trials of each as one group through the run's rollout session
-(``slr.rollout``), hands the trials to the optimizer, pushes the new weights to the engine
+``rollout.n_per_task`` trials of each as one group through the run's trial recorder
+(``slr.rollout.recorder``), hands the trials to the optimizer, pushes the new weights to the engine
 and writes a checkpoint, then the step's metrics line. With ``rollout.dynamic_sampling``
 a step over-samples groups until it has ``tasks_per_step`` with reward variance or
 ``max_oversample`` extra groups ran (``Loop.rollout``).
@@ -11,10 +11,10 @@ a step over-samples groups until it has ``tasks_per_step`` with reward variance 
 Crash safety (everything is read back from the run directory on ``--resume``):
 
 - trial ids are deterministic (``trial_id``: ``s<step>-<slot>-<task>-<k>``, e.g.
-  ``s00003-01-hello-world-0``) and the rollout session records a trial once, when it ends;
+  ``s00003-01-hello-world-0``) and the trial recorder records a trial once, when it ends;
   a resumed step re-runs only the trials that have no record, so nothing is counted twice
   and at most the trials in flight are lost;
-- a checkpoint (layout: ``slr.checkpoints``) counts only once its ``COMPLETE`` marker
+- a checkpoint (layout: ``slr.run.checkpoints``) counts only once its ``COMPLETE`` marker
   exists; it carries the step's
   metrics, which are appended to ``metrics.jsonl`` right after it (and on resume if the kill
   fell in between), and resume drops metric lines past the checkpoint, so metrics never run
@@ -40,20 +40,20 @@ from typing import Any
 import attrs
 import structlog
 
-from slr import checkpoints
 from slr import log as slr_log
-from slr.balancer import LoadBalancer
+from slr.cluster.engines import replica_handles, start_engine_replicas
+from slr.cluster.trainer import RemoteOptimizer, start_trainer
+from slr.cluster.workers import RolloutPool, start_rollout_workers
 from slr.config import PLUGIN_SECTIONS, Config
 from slr.contracts import TrialResult
 from slr.contracts.weights import sync_metrics
-from slr.costs import cost_means
+from slr.engines.balancer import LoadBalancer
 from slr.errors import UsageError
 from slr.plugins import PluginManager
-from slr.rollout import BatchRunner, RolloutSession, TrialSpec, emit
-from slr.runs import RunDir, atomic_write, wait_for_space
-from slr.runtime.engines import replica_handles, start_engine_replicas
-from slr.runtime.trainer import RemoteOptimizer, start_trainer
-from slr.runtime.workers import RolloutPool, start_rollout_workers
+from slr.rollout.costs import cost_means
+from slr.rollout.recorder import BatchRunner, TrialRecorder, TrialSpec, emit
+from slr.run import checkpoints
+from slr.run.directory import RunDir, atomic_write, wait_for_space
 from slr.tasks import Task, load_tasks
 
 log = structlog.get_logger()
@@ -74,7 +74,7 @@ def build_plugin(config: Config, plugins: PluginManager, section: str) -> Any:
     """The plugin instance the config's ``[section]`` names, built with its options.
 
     The engine with ``[run] engine_replicas >= 1`` is that many Ray actors, each building
-    the engine plugin in its own process, behind the load balancer (``slr.runtime``)."""
+    the engine plugin in its own process, behind the load balancer (``slr.cluster``)."""
     if section == "engine" and config.run.engine_replicas >= 1:
         return start_engine_replicas(config)
     choice = getattr(config, section)
@@ -84,8 +84,8 @@ def build_plugin(config: Config, plugins: PluginManager, section: str) -> Any:
 
 def build_components(config: Config, plugins: PluginManager, *, train: bool = True) -> Components:
     """The run's plugins. With ``[run] rollout_workers >= 1`` the driver builds no backend
-    and no verifier: each worker builds its own (``slr.runtime.workers``); with
-    ``[run] trainer_resources`` set the optimizer is a Ray actor (``slr.runtime.trainer``)."""
+    and no verifier: each worker builds its own (``slr.cluster.workers``); with
+    ``[run] trainer_resources`` set the optimizer is a Ray actor (``slr.cluster.trainer``)."""
 
     def make(section: str) -> Any:
         return build_plugin(config, plugins, section)
@@ -387,13 +387,13 @@ class Loop:
 
     # -- the run ------------------------------------------------------------------------
 
-    def session(self) -> RolloutSession:
-        """The run's rollout session: it closes the engine and the backend when left, and
+    def session(self) -> TrialRecorder:
+        """The run's trial recorder: it closes the engine and the backend when left, and
         records every trial. With rollout workers it runs none itself (no proxy, no
         sandboxes in the driver): ``runner`` hands the trials to the workers."""
         parts = self.parts
         local = self.config.run.rollout_workers < 1
-        return RolloutSession(
+        return TrialRecorder(
             self.run,
             plugins=self.plugins,
             config=self.config,
@@ -406,7 +406,7 @@ class Loop:
         )
 
     @contextlib.asynccontextmanager
-    async def runner(self, session: RolloutSession) -> AsyncIterator[BatchRunner]:
+    async def runner(self, session: TrialRecorder) -> AsyncIterator[BatchRunner]:
         """What runs the trials: the session itself, or a pool of rollout workers
         (``[run] rollout_workers``) that records through it."""
         if self.config.run.rollout_workers < 1:
@@ -426,7 +426,7 @@ class Loop:
             self.run.append_event("placement", pid=os.getpid(), **where)
 
     def close(self) -> None:
-        """End what outlives the rollout session: a remote trainer (its actor)."""
+        """End what outlives the trial recorder: a remote trainer (its actor)."""
         close = getattr(self.parts.optimizer, "close", None)
         if callable(close):
             try:

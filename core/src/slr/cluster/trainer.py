@@ -26,11 +26,11 @@ from typing import Any
 
 import structlog
 
+from slr.cluster import ray_runtime
+from slr.cluster.engines import START_TIMEOUT_S, actor_options, check_placeable
 from slr.contracts import TrialResult
 from slr.contracts.weights import portable
 from slr.errors import UsageError
-from slr.runtime import cluster
-from slr.runtime.engines import START_TIMEOUT_S, actor_options, check_placeable
 
 log = structlog.get_logger()
 
@@ -115,7 +115,7 @@ class RemoteOptimizer:
         info: Mapping[str, Any],
         *,
         by_reference: bool,
-        connection: cluster.Connection | None = None,
+        connection: ray_runtime.Connection | None = None,
     ) -> None:
         self.actor = actor
         self.node_id: str = info["node_id"]
@@ -167,7 +167,7 @@ def start_trainer(config: Any, *, by_reference: bool) -> RemoteOptimizer:
     from ray.exceptions import GetTimeoutError, RayError
 
     resources = dict(config.run.trainer_resources or {})
-    connection = cluster.connect(config.run.ray_address)
+    connection = ray_runtime.connect(config.run.ray_address)
     try:
         check_placeable(resources, 1, what="run.trainer_resources", count_key=None)
         remote = ray.remote(TrainerActor)

@@ -7,10 +7,10 @@ measures the policy the way training sees it. Agents that call no model (``oracl
 
 ``--checkpoint`` points the engine's ``model`` option at the checkpoint's servable weights
 (the model folder its optimizer names, ``Optimizer.servable_weights``, recorded in the
-checkpoint; ``slr.checkpoints.resolve_checkpoint``), so any engine with a ``model`` option
-serves it. The trials run through one ``slr.rollout.RolloutSession``, as in ``slr run``.
+checkpoint; ``slr.run.checkpoints.resolve_checkpoint``), so any engine with a ``model`` option
+serves it. The trials run through one ``slr.rollout.recorder.TrialRecorder``, as in ``slr run``.
 The result is a run directory (``config.toml``, ``trials/``, ``events.jsonl``) plus
-``eval.json``, the pass@k summary (``slr.passk``).
+``eval.json``, the pass@k summary (``slr.run.passk``).
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from typing import Any, Self
 
 import attrs
 
-from slr.checkpoints import Checkpoint, resolve_checkpoint
 from slr.config import EVAL_PLUGINS, Config, load_config
 from slr.contracts import TrialResult
 from slr.errors import UsageError
-from slr.loop import build_plugin
-from slr.passk import summarize
 from slr.plugins import PluginManager, get_plugin_manager
-from slr.rollout import RolloutSession, TrialSpec
-from slr.runs import RunDir, atomic_write
+from slr.rollout.recorder import TrialRecorder, TrialSpec
+from slr.run.checkpoints import Checkpoint, resolve_checkpoint
+from slr.run.directory import RunDir, atomic_write
+from slr.run.loop import build_plugin
+from slr.run.passk import summarize
 from slr.tasks import load_tasks
 
 SUMMARY = "eval.json"
@@ -197,7 +197,7 @@ class Evaluation:
         ]
 
     async def _main(self) -> list[TrialResult]:
-        session = RolloutSession(
+        session = TrialRecorder(
             self.run,
             plugins=self.plugins,
             config=self.config,

@@ -118,7 +118,7 @@ class LoadBalancer:
     @property
     def replicas(self) -> list[tuple[str, Engine]]:
         """Each replica's name and engine, in order (e.g. to reach the same replicas from
-        another process: ``slr.runtime.engines.replica_handles``)."""
+        another process: ``slr.cluster.engines.replica_handles``)."""
         return [(r.name, r.engine) for r in self._replicas]
 
     # -- Engine protocol ------------------------------------------------------------------

@@ -10,9 +10,9 @@
   ``update_weights(mode="partial")`` (in-flight generations pause at a token boundary and
   continue under them), checkpoints, and writes the step's metrics line.
 
-The loop talks to rollout only through ``TrialRunner.run_one`` (``slr.rollout``): the
-in-process ``RolloutSession``, or the pool of rollout workers (``[run] rollout_workers``,
-``slr.runtime.workers``) that records through it.
+The loop talks to rollout only through ``TrialRunner.run_one`` (``slr.rollout.recorder``): the
+in-process ``TrialRecorder``, or the pool of rollout workers (``[run] rollout_workers``,
+``slr.cluster.workers``) that records through it.
 
 **Staleness.** Step ``s`` updates weights version ``s - 1`` to ``s``; a token sampled by
 version ``v`` and trained in step ``s`` is ``s - 1 - v`` versions old. Admission control
@@ -55,14 +55,14 @@ from typing import Any
 import attrs
 import structlog
 
-from slr import checkpoints
 from slr import log as slr_log
 from slr.contracts import TerminationReason, TrialResult
 from slr.contracts.weights import sync_metrics
-from slr.costs import cost_means
 from slr.errors import UsageError
-from slr.loop import Loop, no_signal, worker_metrics
-from slr.rollout import TrialRunner, TrialSpec
+from slr.rollout.costs import cost_means
+from slr.rollout.recorder import TrialRunner, TrialSpec
+from slr.run import checkpoints
+from slr.run.loop import Loop, no_signal, worker_metrics
 from slr.tasks import Task
 
 log = structlog.get_logger()
@@ -177,7 +177,7 @@ class AsyncLoop(Loop):
         groups: dict[str, list[TrialResult]] = {}
         for t in mine:
             # a trial lost with its rollout worker ran again under another id
-            # (slr.runtime.workers): its retry stands for it in the group
+            # (slr.cluster.workers): its retry stands for it in the group
             if t.termination is TerminationReason.WORKER_LOST:
                 continue
             if t.trial_id not in lost and t.group_id not in self.trained:

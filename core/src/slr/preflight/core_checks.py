@@ -116,7 +116,7 @@ def trained_temperature(checkpoint: Path) -> tuple[Path, float] | None:
     """The ``rollout.temperature`` the run that wrote ``checkpoint`` (a checkpoint folder, or
     the run folder) trained at, and that run's config; None when it is no run's, or unreadable
     (the eval itself reports a wrong ``--checkpoint``)."""
-    from slr.runs import RunDir
+    from slr.run.directory import RunDir
 
     for folder in (checkpoint, checkpoint.parent.parent):
         path = folder / RunDir.CONFIG

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from slr.errors import UsageError
-from slr.runs import RunDir, atomic_write
+from slr.run.directory import RunDir, atomic_write
 
 COMPLETE = "COMPLETE"
 """The marker file that makes a checkpoint folder count; written last."""

@@ -29,7 +29,7 @@ DOC_SPLITS = "docs/troubleshooting/training.md#held-out-tasks-in-training"
 
 
 def check_runs_in_flight(ctx: Context) -> CheckResult:
-    from slr.runs import RunDir
+    from slr.run.directory import RunDir
 
     runs_dir = Path(ctx.config.run.runs_dir)
     live = []
@@ -106,7 +106,7 @@ def this_machine() -> list[dict[str, float]]:
 
 def cluster_nodes(address: str) -> list[dict[str, float]]:
     """The resources of each live node of the Ray cluster at ``address`` (joins it briefly)."""
-    from slr.runtime.cluster import connect
+    from slr.cluster.ray_runtime import connect
 
     conn = connect(address)
     try:

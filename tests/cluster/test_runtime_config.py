@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from slr.cluster.engines import actor_options
+from slr.cluster.ray_runtime import check_address
 from slr.config import load_config
 from slr.errors import ConfigError, UsageError
 from slr.plugins import get_plugin_manager
-from slr.runtime.cluster import check_address
-from slr.runtime.engines import actor_options
 
 
 def run_config(**run):
@@ -76,9 +76,9 @@ def test_rollout_workers_without_engine_replicas_fail_before_ray_starts(tmp_path
     import asyncio
     import sys
 
-    from slr.rollout import RolloutSession
-    from slr.runs import RunDir
-    from slr.runtime.workers import start_rollout_workers
+    from slr.cluster.workers import start_rollout_workers
+    from slr.rollout.recorder import TrialRecorder
+    from slr.run.directory import RunDir
 
     config = run_config(rollout_workers=1, runs_dir=str(tmp_path))
     run = RunDir.create(config.run.runs_dir, "w", config.to_toml())
@@ -86,7 +86,7 @@ def test_rollout_workers_without_engine_replicas_fail_before_ray_starts(tmp_path
     class ModelAgent:  # stub: only its needs_model is read
         needs_model = True
 
-    session = RolloutSession(
+    session = TrialRecorder(
         run, plugins=get_plugin_manager(), config=config, agent=ModelAgent(), serve_proxy=False
     )
     ray_loaded = "ray" in sys.modules

@@ -5,15 +5,15 @@ actors, placed by ``[run] worker_resources`` (a custom resource such as ``{sandb
 puts them on the nodes that run sandboxes). Each builds the run's sandbox backend, agent
 and verifier from the run config in its own process, and runs a node-local proxy in front
 of the engine replicas: a balancer over the replicas' actor handles
-(``slr.runtime.engines.attach_replicas``), so model calls go from the worker's node straight
+(``slr.cluster.engines.attach_replicas``), so model calls go from the worker's node straight
 to the engines, never through the driver.
 
-A worker writes nothing. ``run_one(spec, version)`` runs one trial (``slr.rollout.Rollout``)
+A worker writes nothing. ``run_one(spec, version)`` runs one trial (``slr.rollout.recorder.Rollout``)
 and returns its ``TrialResult`` and its proxy transcript; many calls may be in flight on one
 worker. A call the driver cancels (an async run's trials in flight when it ends) cancels the
 worker's task, and the trial is not recorded, as in the driver. ``RolloutPool`` is the
 driver-side ``TrialRunner``: it sends each spec to the least-loaded live worker and records
-what comes back through the run's ``RolloutSession`` (``record``), so the coordinator is the
+what comes back through the run's ``TrialRecorder`` (``record``), so the coordinator is the
 run directory's only writer.
 
 Warm pools: with ``[rollout] pool_size = N`` every worker keeps up to N sandboxes warm (its
@@ -40,17 +40,17 @@ from typing import Any
 import attrs
 import structlog
 
-from slr.contracts import TerminationReason, TrialResult
-from slr.errors import SlrError, UsageError
-from slr.rollout import RolloutSession, TrialSpec
-from slr.runtime import cluster
-from slr.runtime.engines import (
+from slr.cluster import ray_runtime
+from slr.cluster.engines import (
     START_TIMEOUT_S,
     ReplicaHandle,
     actor_options,
     attach_replicas,
     check_placeable,
 )
+from slr.contracts import TerminationReason, TrialResult
+from slr.errors import SlrError, UsageError
+from slr.rollout.recorder import TrialRecorder, TrialSpec
 from slr.tasks import Task
 
 log = structlog.get_logger()
@@ -88,7 +88,7 @@ class RolloutWorker:
     ) -> None:
         from slr.config import PLUGIN_SECTIONS, load_config
         from slr.plugins import get_plugin_manager
-        from slr.rollout import Rollout
+        from slr.rollout.recorder import Rollout
 
         plugins = get_plugin_manager()
         sections = ("backend", "agent", "verifier")
@@ -162,9 +162,9 @@ class RolloutPool:
     def __init__(
         self,
         workers: Sequence[_Worker],
-        session: RolloutSession,
+        session: TrialRecorder,
         *,
-        connection: cluster.Connection | None = None,
+        connection: ray_runtime.Connection | None = None,
     ) -> None:
         self.workers = list(workers)
         self.session = session
@@ -354,7 +354,7 @@ def _first_line(exc: BaseException) -> str:
 
 async def start_rollout_workers(
     config: Any,
-    session: RolloutSession,
+    session: TrialRecorder,
     *,
     replicas: Sequence[ReplicaHandle],
     tasks: Sequence[Task],
@@ -375,7 +375,7 @@ async def start_rollout_workers(
     import ray
     from ray.exceptions import RayError
 
-    connection = cluster.connect(run.ray_address)
+    connection = ray_runtime.connect(run.ray_address)
     try:
         resources = dict(run.worker_resources)
         check_placeable(resources, count, what="run.worker_resources", count_key="rollout_workers")

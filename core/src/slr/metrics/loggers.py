@@ -2,7 +2,7 @@
 
 A logger is registered by a plugin (``register_loggers``) and chosen per run with
 ``[run] loggers = ["tensorboard", ...]``. The core's built-in plugin
-``slr.builtin_plugins.metric_loggers`` builds the chosen loggers when a run starts and feeds
+``slr.metrics.plugin`` builds the chosen loggers when a run starts and feeds
 them from the run's event hooks, so a logger sees exactly what ``metrics.jsonl`` holds, and
 a failing logger is logged and skipped like any event hook: it never stops a run.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from slr.config import Config
-    from slr.runs import RunDir
+    from slr.run.directory import RunDir
 
 
 @runtime_checkable

@@ -1,7 +1,7 @@
-"""The rollout session: start the parts, run trials, record each exactly once, close the parts.
+"""The trial recorder: start the parts, run trials, record each exactly once, close the parts.
 
-Every command that produces trials goes through one ``RolloutSession``: ``slr run`` (one
-session for the whole run, one ``run`` call per step), ``slr eval`` (one call for every
+Every command that produces trials goes through one ``TrialRecorder``: ``slr run`` (one
+recorder for the whole run, one ``run`` call per step), ``slr eval`` (one call for every
 sample), ``slr serve`` (sessions opened by hand, recorded without a reward). It is an async
 context manager:
 
@@ -13,7 +13,7 @@ context manager:
   A spec whose trial id is already recorded in the run directory is not run again: its
   record is read back, so a resumed run or eval re-runs only what has no record. This is
   the whole per-trial interface a loop needs (``TrialRunner``): the asynchronous loop
-  (``slr.async_loop``) talks to the session through it alone, and a remote rollout pool
+  (``slr.run.async_loop``) talks to the recorder through it alone, and a remote rollout pool
   (workers on other machines sending their records back to the one writer of the run
   directory) is a drop-in replacement that implements it. ``expect(specs)`` announces
   the trials a caller of ``run_one`` is about to start, so a warm sandbox pool
@@ -25,14 +25,14 @@ context manager:
   logged, never stops the run). A cancelled trial is not recorded, so resume runs it;
 - leaving it stops the proxy and closes the backend and the engine, on every path.
 
-``Rollout`` is the part of the session that writes nothing: the parts, the proxy, and
+``Rollout`` is the part of the recorder that writes nothing: the parts, the proxy, and
 ``execute(spec)``, which runs one trial and returns its result and its proxy transcript.
-``RolloutSession`` adds the run directory and ``record``. A remote rollout worker
-(``slr.runtime.workers``) holds a ``Rollout`` in its own process and returns what
+``TrialRecorder`` adds the run directory and ``record``. A remote rollout worker
+(``slr.cluster.workers``) holds a ``Rollout`` in its own process and returns what
 ``execute`` gives; the coordinator records it, so the run directory has one writer.
 
-The session knows trials, not training: the loop owns steps, the optimizer and weight
-sync, and only hands the session the specs of a step. Anything that can build a list of
+The recorder knows trials, not training: the loop owns steps, the optimizer and weight
+sync, and only hands the recorder the specs of a step. Anything that can build a list of
 specs (a later ``slr infer``, a remote rollout worker) can use it as is.
 """
 
@@ -52,16 +52,16 @@ from slr.contracts import SamplingParams, TerminationReason, TrialResult
 from slr.plugins import PluginManager
 from slr.proxy import Proxy, ProxySessions
 from slr.proxy.server import Session, write_transcript
-from slr.runs import RunDir
-from slr.sandboxing.pool import SandboxPool
-from slr.tasks import Task
-from slr.trial import (
+from slr.rollout.trial import (
     SessionFactory,
     StandInSessions,
     bundle_mounts,
     run_trial,
     run_trials,
 )
+from slr.run.directory import RunDir
+from slr.sandboxing.pool import SandboxPool
+from slr.tasks import Task
 
 log = structlog.get_logger()
 
@@ -87,7 +87,7 @@ class TrialRunner(Protocol):
     ``run_one`` runs the spec (or reads back its record if the trial id is already
     recorded), records it exactly once in the run directory and returns it. It may be
     called many times at once; bounding concurrency is the caller's job. Cancelling the
-    call ends the trial without recording it. ``RolloutSession`` is the in-process
+    call ends the trial without recording it. ``TrialRecorder`` is the in-process
     implementation; a pool of remote rollout workers implements the same method.
     """
 
@@ -103,7 +103,7 @@ class TrialRunner(Protocol):
 class BatchRunner(TrialRunner, Protocol):
     """A ``TrialRunner`` that also runs a list of specs (what the synchronous loop calls):
     the ones without a record, at most ``rollout.concurrency`` at once, results in spec
-    order. ``RolloutSession`` and the rollout workers' pool implement it."""
+    order. ``TrialRecorder`` and the rollout workers' pool implement it."""
 
     async def run(
         self, specs: Sequence[TrialSpec], *, label: str | None = None
@@ -285,7 +285,7 @@ class Rollout:
         return attrs.evolve(result, weights_version=version), kept
 
 
-class RolloutSession(Rollout):
+class TrialRecorder(Rollout):
     """A ``Rollout`` that records into the run directory; see the module docstring."""
 
     def __init__(self, run: RunDir, **kwargs: Any) -> None:
@@ -359,7 +359,7 @@ class RolloutSession(Rollout):
     def open_session(self, trial_id: str) -> Session:
         """A proxy session for a client outside any sandbox (``slr serve``)."""
         if self.proxy is None:
-            raise RuntimeError("open_session needs an engine and the session entered")
+            raise RuntimeError("open_session needs an engine and the recorder entered")
         return self.proxy.open_session(trial_id)
 
     async def close_session(self, session: Session, *, task_id: str = "serve") -> TrialResult:

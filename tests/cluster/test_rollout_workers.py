@@ -1,4 +1,4 @@
-"""Rollout workers as Ray actors on the simulated cluster (slr.runtime.workers).
+"""Rollout workers as Ray actors on the simulated cluster (slr.cluster.workers).
 
 The workers build the run's backend (``local``), agent (the model-free ``oracle``, so no
 engine is needed here) and verifier (``harbor``) in their own processes on the ``sandbox``
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from slr.cluster.workers import RolloutPool, retry_id, start_rollout_workers
 from slr.config import load_config
 from slr.contracts import TerminationReason
 from slr.plugins import get_plugin_manager
-from slr.rollout import RolloutSession, TrialSpec
-from slr.runs import RunDir
-from slr.runtime.workers import RolloutPool, retry_id, start_rollout_workers
+from slr.rollout.recorder import TrialRecorder, TrialSpec
+from slr.run.directory import RunDir
 from slr.tasks import load_task
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -68,7 +68,7 @@ def started_pool(tmp: Path, tasks, *, pool_size: int = 0, resources=None):
     run = RunDir.create(config.run.runs_dir, "workers", config.to_toml())
     loop = asyncio.new_event_loop()
     agent = get_plugin_manager().get("agent", "oracle").create()
-    session = RolloutSession(
+    session = TrialRecorder(
         run, plugins=get_plugin_manager(), config=config, agent=agent, serve_proxy=False
     )
     loop.run_until_complete(session.__aenter__())
@@ -221,8 +221,8 @@ def test_an_async_resume_counts_the_retry_in_place_of_the_lost_trial(tasks, tmp_
     is not one of them, its retry is (so the group is complete and is not run again)."""
     import attrs
 
-    from slr.async_loop import AsyncLoop, group_specs
     from slr.contracts import Reward, TrialResult
+    from slr.run.async_loop import AsyncLoop, group_specs
 
     config = worker_config(tmp_path, tasks["root"])
     config = attrs.evolve(config, rollout=attrs.evolve(config.rollout, n_per_task=2))

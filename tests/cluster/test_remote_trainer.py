@@ -1,4 +1,4 @@
-"""The trainer as a Ray actor (slr.runtime.trainer) on the simulated cluster.
+"""The trainer as a Ray actor (slr.cluster.trainer) on the simulated cluster.
 
 The ``torch`` optimizer on a tiny random model, built in its own process; the driver holds a
 ``RemoteOptimizer``. Weights come back as one object-store reference; checkpoint files come
@@ -12,10 +12,10 @@ import os
 import pytest
 from slr_engine_hf import tiny
 
-from slr import checkpoints
+from slr.cluster.trainer import RemoteOptimizer, start_trainer
 from slr.config import load_config
 from slr.plugins import get_plugin_manager
-from slr.runtime.trainer import RemoteOptimizer, start_trainer
+from slr.run import checkpoints
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -1,7 +1,7 @@
 """``slr run``: start a run (or resume one) and drive it with the loop its config names.
 
-``run.mode = "sync"`` is ``slr.loop.Loop`` (roll out a step, train, sync); ``"async"`` is
-``slr.async_loop.AsyncLoop`` (rollout and training overlap, staleness bounded by admission).
+``run.mode = "sync"`` is ``slr.run.loop.Loop`` (roll out a step, train, sync); ``"async"`` is
+``slr.run.async_loop.AsyncLoop`` (rollout and training overlap, staleness bounded by admission).
 Both read and write the run directory the same way, so ``--resume`` works for either.
 """
 
@@ -11,12 +11,12 @@ import asyncio
 from pathlib import Path
 
 from slr import log as slr_log
-from slr.async_loop import AsyncLoop
 from slr.config import Config, load_config
-from slr.loop import Loop
 from slr.plugins import get_plugin_manager
-from slr.rollout import emit
-from slr.runs import RunDir
+from slr.rollout.recorder import emit
+from slr.run.async_loop import AsyncLoop
+from slr.run.directory import RunDir
+from slr.run.loop import Loop
 
 
 def train(

@@ -1,0 +1,1 @@
+"""Rollout: one trial (sandbox, agent, verifier), its costs, and the recorder that keeps every trial once."""
