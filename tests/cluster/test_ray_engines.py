@@ -15,12 +15,11 @@ import attrs
 import pytest
 from slr_engine_hf import tiny
 
-from slr.cluster.engines import RayEngine
+from slr.cluster.engines import RayEngine, build_engine
 from slr.config import load_config
 from slr.contracts import EngineUnavailable, SamplingParams
 from slr.engines.balancer import LoadBalancer
 from slr.plugins import get_plugin_manager
-from slr.run.loop import build_plugin
 from slr.testing import EngineTests
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -45,7 +44,7 @@ def replica_config(folder, replicas: int = 2):
 
 @pytest.fixture(scope="module")
 def balancer(ray_cluster, model_folder) -> Iterator[LoadBalancer]:
-    lb = build_plugin(replica_config(model_folder), get_plugin_manager(), "engine")
+    lb = build_engine(replica_config(model_folder), get_plugin_manager())
     assert isinstance(lb, LoadBalancer)
     yield lb
     asyncio.run(lb.close())

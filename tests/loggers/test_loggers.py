@@ -14,7 +14,6 @@ from slr import hookimpl
 from slr.config import load_config
 from slr.errors import UnknownPluginError
 from slr.plugins import get_plugin_manager
-from slr.rollout.recorder import emit
 from slr.run.directory import RunDir
 
 STEPS = [
@@ -33,11 +32,11 @@ def run_with(tmp_path: Path, *loggers: str) -> RunDir:
         sets=[f"run.loggers={json.dumps(list(loggers))}", 'run.name="logged"'],
     )
     run = RunDir.create(tmp_path / "runs", cfg.run.name, cfg.to_toml())
-    emit(plugins, "on_run_started", run_dir=run, config=cfg)
+    plugins.emit("on_run_started", run_dir=run, config=cfg)
     for step, metrics in enumerate(STEPS, start=1):
         run.append_metrics(step, metrics)
-        emit(plugins, "on_step_finished", run_dir=run, step=step, metrics=metrics)
-    emit(plugins, "on_run_finished", run_dir=run, status="completed")
+        plugins.emit("on_step_finished", run_dir=run, step=step, metrics=metrics)
+    plugins.emit("on_run_finished", run_dir=run, status="completed")
     return run
 
 
@@ -138,9 +137,9 @@ def test_a_resumed_run_goes_on_in_the_same_mlflow_run(tmp_path, monkeypatch):
     run = run_with(tmp_path, "mlflow")
     plugins = get_plugin_manager()
     cfg = load_config(plugins=plugins, sets=['run.loggers=["mlflow"]', 'run.name="logged"'])
-    emit(plugins, "on_run_started", run_dir=run, config=cfg)  # as `slr run --resume` does
-    emit(plugins, "on_step_finished", run_dir=run, step=3, metrics={"reward/mean": 1.0})
-    emit(plugins, "on_run_finished", run_dir=run, status="interrupted")
+    plugins.emit("on_run_started", run_dir=run, config=cfg)  # as `slr run --resume` does
+    plugins.emit("on_step_finished", run_dir=run, step=3, metrics={"reward/mean": 1.0})
+    plugins.emit("on_run_finished", run_dir=run, status="interrupted")
     client = MlflowClient(tracking_uri=(run.path / "mlruns").as_uri())
     [logged] = client.search_runs([client.get_experiment_by_name("slr").experiment_id])
     assert logged.info.status == "KILLED"

@@ -8,11 +8,12 @@ import signal
 
 import click
 
+from slr.cluster.engines import build_engine
 from slr.plugins import get_plugin_manager
 from slr.proxy.server import is_loopback
 from slr.rollout.recorder import TrialRecorder
 from slr.run.directory import RunDir
-from slr.run.loop import build_plugin
+from slr.run.lifecycle import RunLifecycle
 from slr_cli.options import config_options, resolve_config
 
 
@@ -65,13 +66,14 @@ def serve(
 
 async def _serve(cfg, n_sessions: int) -> None:
     plugins = get_plugin_manager()
-    engine = build_plugin(cfg, plugins, "engine")  # embedded, or [run] engine_replicas actors
+    engine = build_engine(cfg, plugins)  # embedded, or [run] engine_replicas actors
     run = RunDir.create(cfg.run.runs_dir, f"serve-{cfg.run.name}", cfg.to_toml())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
+    life = RunLifecycle(run, plugins=plugins, config=cfg, kind="serve")
+    with life.running(sessions=n_sessions):
         # the trial recorder owns the proxy and closes the engine; each served session is
         # recorded as a trial (no reward: nothing verifies it) through the same path as
         # `slr run` and `slr eval`, so on_trial_finished fires for it too
@@ -95,7 +97,5 @@ async def _serve(cfg, n_sessions: int) -> None:
             await stop.wait()
             for s in opened:
                 await session.close_session(s)
-    finally:
-        run.append_event("finished", status="stopped")
-        run.close()
+        life.status = "completed"  # served until told to stop, every trajectory written
     click.echo(f"trajectories written to {run.path / 'trials'}")

@@ -99,7 +99,9 @@ def register_commands(cli: click.Group) -> None:
 
 @hookspec
 def on_run_started(run_dir: RunDir, config: Config) -> None:
-    """A run has started (fresh or resumed); ``config`` is the resolved run config."""
+    """A run has started (fresh or resumed): ``slr run``, ``slr eval`` / ``slr infer`` or
+    ``slr serve`` (the ``kind`` of its ``started`` event says which); ``config`` is the
+    resolved run config."""
 
 
 @hookspec

@@ -19,9 +19,10 @@ import importlib
 import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pluggy
+import structlog
 from attrs import field, frozen
 
 from slr import hookspecs
@@ -29,6 +30,8 @@ from slr import log as slr_log
 from slr.errors import PluginError, UnknownPluginError
 
 if TYPE_CHECKING:
+    from slr.config import Config
+    from slr.contracts import AgentAdapter, Engine, Optimizer, SandboxBackend, Verifier
     from slr.preflight import Check, CheckFn, Stage
 
 ENTRY_POINT_GROUP = "slr"
@@ -179,6 +182,14 @@ class PluginManager:
     def hook(self) -> pluggy.HookRelay:
         return self.pm.hook
 
+    def emit(self, hook: str, **kwargs: Any) -> None:
+        """Fire an event hook (``on_<event>``). Event hooks never stop a run: a failing
+        implementation (a logger, a dashboard) is logged and skipped."""
+        try:
+            getattr(self.pm.hook, hook)(**kwargs)
+        except Exception:
+            structlog.get_logger().exception("event hook failed", hook=hook)
+
     def _load_entry_points(self) -> None:
         allow = _allowlist()
         for ep in entry_points(group=ENTRY_POINT_GROUP):
@@ -286,6 +297,26 @@ class PluginManager:
 
             impl.function(**{arg: register for arg in impl.argnames})
         return checks
+
+    @overload
+    def build(self, config: Config, section: Literal["engine"]) -> Engine: ...
+    @overload
+    def build(self, config: Config, section: Literal["optimizer"]) -> Optimizer: ...
+    @overload
+    def build(self, config: Config, section: Literal["backend"]) -> SandboxBackend: ...
+    @overload
+    def build(self, config: Config, section: Literal["agent"]) -> AgentAdapter: ...
+    @overload
+    def build(self, config: Config, section: Literal["verifier"]) -> Verifier: ...
+    def build(self, config: Config, section: str) -> Any:
+        """The plugin the config's ``[section]`` names, built in this process with its
+        options: the one way every command, actor and check builds a run's parts. (An
+        engine of ``[run] engine_replicas`` Ray actors is ``slr.cluster.engines.build_engine``'s:
+        each actor builds its plugin here.)"""
+        from slr.config import PLUGIN_SECTIONS
+
+        choice = getattr(config, section)
+        return self.get(PLUGIN_SECTIONS[section], choice.name).create(choice.options, config=config)
 
     def get(self, kind: str, name: str) -> Registration:
         """The registration of ``name``, or an error listing what is installed."""

@@ -42,6 +42,7 @@ from attrs import frozen
 from slr.cluster import ray_runtime
 from slr.contracts import (
     ContextOverflow,
+    Engine,
     EngineUnavailable,
     Generation,
     GenerationChunk,
@@ -111,14 +112,13 @@ class EngineActor:
     """
 
     def __init__(self, config_data: dict[str, Any], name: str) -> None:
-        from slr.config import PLUGIN_SECTIONS, load_config
+        from slr.config import load_config
         from slr.plugins import get_plugin_manager
 
         plugins = get_plugin_manager()
         config = load_config(data=config_data, plugins=plugins, only_plugins=("engine",))
-        registration = plugins.get(PLUGIN_SECTIONS["engine"], config.engine.name)
         self.name = name
-        self.engine = registration.create(config.engine.options, config=config)
+        self.engine = plugins.build(config, "engine")
 
     def describe(self) -> dict[str, Any]:
         """What the driver keeps so that reading these costs no round trip."""
@@ -163,10 +163,10 @@ class EngineActor:
             await pending.close()
 
     async def update_weights(
-        self, state_dict: Mapping[str, Any], version: int | None, mode: str
+        self, state_dict: Mapping[str, Any], version: int | None, mode: UpdateMode
     ) -> int | _Failure:
         try:
-            extra = {} if mode == "drain" else {"mode": mode}
+            extra: dict[str, UpdateMode] = {} if mode == "drain" else {"mode": mode}
             return int(await self.engine.update_weights(state_dict, version=version, **extra))
         except Exception as exc:
             return _Failure.of(exc)
@@ -481,6 +481,15 @@ def check_placeable(
                 f"{(count_key or 'actor').replace('_', ' ')}, but the Ray cluster's nodes "
                 f"have {key}: {have}; {lower}change {what}, or add nodes"
             )
+
+
+def build_engine(config: Any, plugins: Any) -> Engine:
+    """The run's engine: the ``[engine]`` plugin built in this process, or with
+    ``[run] engine_replicas >= 1`` that many Ray actors, each building the plugin in its own
+    process, behind the load balancer (``start_engine_replicas``)."""
+    if config.run.engine_replicas >= 1:
+        return start_engine_replicas(config)
+    return plugins.build(config, "engine")
 
 
 def start_engine_replicas(

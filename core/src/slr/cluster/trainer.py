@@ -58,7 +58,7 @@ class TrainerActor:
     """The body of the trainer (wrapped by ``ray.remote`` in ``start_trainer``)."""
 
     def __init__(self, config_data: dict[str, Any]) -> None:
-        from slr.config import PLUGIN_SECTIONS, load_config
+        from slr.config import load_config
         from slr.plugins import get_plugin_manager
 
         plugins = get_plugin_manager()
@@ -66,8 +66,7 @@ class TrainerActor:
         config = load_config(
             data=config_data, plugins=plugins, only_plugins=("optimizer", "engine")
         )
-        registration = plugins.get(PLUGIN_SECTIONS["optimizer"], config.optimizer.name)
-        self.optimizer = registration.create(config.optimizer.options, config=config)
+        self.optimizer = plugins.build(config, "optimizer")
         self._scratch = tempfile.TemporaryDirectory(prefix="slr-trainer-")
 
     def describe(self) -> dict[str, Any]:

@@ -86,7 +86,7 @@ class RolloutWorker:
         tasks: Sequence[Task],
         replicas: Sequence[ReplicaHandle],
     ) -> None:
-        from slr.config import PLUGIN_SECTIONS, load_config
+        from slr.config import load_config
         from slr.plugins import get_plugin_manager
         from slr.rollout.recorder import Rollout
 
@@ -94,20 +94,15 @@ class RolloutWorker:
         sections = ("backend", "agent", "verifier")
         config = load_config(data=config_data, plugins=plugins, only_plugins=sections)
 
-        def build(section: str) -> Any:
-            choice = getattr(config, section)
-            registration = plugins.get(PLUGIN_SECTIONS[section], choice.name)
-            return registration.create(choice.options, config=config)
-
         self.name = name
         self.rollout = Rollout(
             run_id=run_id,
             plugins=plugins,
             config=config,
             engine=attach_replicas(replicas) if replicas else None,
-            backend=build("backend"),
-            agent=build("agent"),
-            verifier=build("verifier"),
+            backend=plugins.build(config, "backend"),
+            agent=plugins.build(config, "agent"),
+            verifier=plugins.build(config, "verifier"),
             tasks=tasks,
         )
         self._entered = False

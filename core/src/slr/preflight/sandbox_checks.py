@@ -100,7 +100,7 @@ def check_proxy_reach(ctx: Context) -> CheckResult | None:
         return None  # the tasks check reports it
     if not tasks:
         return None
-    reg = ctx.plugins.get("sandbox_backend", cfg.backend.name)
+    ctx.plugins.get("sandbox_backend", cfg.backend.name)  # unknown: fails here, before the listener
     token = secrets.token_hex(8)
     server = _Listener((cfg.proxy.host, 0), _Handler)
     server.token = token
@@ -109,7 +109,7 @@ def check_proxy_reach(ctx: Context) -> CheckResult | None:
     url = f"http://{cfg.proxy.host}:{server.server_address[1]}/v1"
 
     async def main() -> CheckResult:
-        backend = reg.create(cfg.backend.options, config=cfg)
+        backend = ctx.plugins.build(cfg, "backend")
         try:
             return await asyncio.wait_for(_probe(backend, tasks[0], url, token), PROBE_TIMEOUT_S)
         finally:

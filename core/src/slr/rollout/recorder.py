@@ -110,14 +110,6 @@ class BatchRunner(TrialRunner, Protocol):
     ) -> list[TrialResult]: ...
 
 
-def emit(plugins: PluginManager, hook: str, **kwargs: Any) -> None:
-    """Event hooks never stop a run: a failing logger is logged and skipped."""
-    try:
-        getattr(plugins.hook, hook)(**kwargs)
-    except Exception:
-        log.exception("event hook failed", hook=hook)
-
-
 def sampling_of(config: Config) -> SamplingParams:
     """The sampling every command uses: ``[rollout]``'s, seeded by ``[run] seed`` (each
     call's own seed derives from it, the trial id and the call number:
@@ -351,7 +343,7 @@ class TrialRecorder(Rollout):
             termination=result.termination.value,
             reward=None if result.reward is None else result.reward.value,
         )
-        emit(self.plugins, "on_trial_finished", run_dir=self.run_dir, trial=result)
+        self.plugins.emit("on_trial_finished", run_dir=self.run_dir, trial=result)
         return result
 
     # -- sessions opened by hand (slr serve) -----------------------------------------------

@@ -59,6 +59,7 @@ from slr import log as slr_log
 from slr.contracts import TerminationReason, TrialResult
 from slr.contracts.weights import sync_metrics
 from slr.errors import UsageError
+from slr.hookspecs import RunStatus
 from slr.rollout.costs import cost_means
 from slr.rollout.recorder import TrialRunner, TrialSpec
 from slr.run import checkpoints
@@ -359,7 +360,7 @@ class AsyncLoop(Loop):
 
     # -- the run ----------------------------------------------------------------------------
 
-    async def main(self) -> str:
+    async def main(self) -> RunStatus:
         cfg = self.config
         async with self.session() as session, self.runner(session) as runner:
             self._runner = runner

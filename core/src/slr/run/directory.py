@@ -242,20 +242,21 @@ class RunDir:
         return run
 
     @staticmethod
-    def check_new(path: Path) -> None:
-        """``UsageError`` unless ``path`` is free for a new run (absent, or an empty folder)."""
+    def check_new(path: Path, *, resume: str = "slr run --resume") -> None:
+        """``UsageError`` unless ``path`` is free for a new run (absent, or an empty folder);
+        ``resume`` is the command that would continue what is there."""
         path = Path(path)
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise UsageError(
                 f"--output {str(path)!r} exists and is not empty; pick a new folder, or "
-                f"continue the run there with `slr run --resume {path}`"
+                f"continue the run there with `{resume} {path}`"
             )
 
     @classmethod
-    def create_at(cls, path: Path, config_toml: str) -> RunDir:
-        """A new run in exactly ``path`` (``slr run --output``), which must not hold anything."""
+    def create_at(cls, path: Path, config_toml: str, *, resume: str = "slr run --resume") -> RunDir:
+        """A new run in exactly ``path`` (``--output``), which must not hold anything."""
         path = Path(path)
-        cls.check_new(path)
+        cls.check_new(path, resume=resume)
         (path / "trials").mkdir(parents=True, exist_ok=True)
         (path / "checkpoints").mkdir(exist_ok=True)
         atomic_write(path / cls.CONFIG, config_toml)

@@ -24,6 +24,7 @@ from typing import Any, Self
 
 import attrs
 
+from slr.cluster.engines import build_engine
 from slr.config import EVAL_PLUGINS, Config, load_config
 from slr.contracts import TrialResult
 from slr.errors import UsageError
@@ -31,7 +32,7 @@ from slr.plugins import PluginManager, get_plugin_manager
 from slr.rollout.recorder import TrialRecorder, TrialSpec
 from slr.run.checkpoints import Checkpoint, resolve_checkpoint
 from slr.run.directory import RunDir, atomic_write
-from slr.run.loop import build_plugin
+from slr.run.lifecycle import RunLifecycle
 from slr.run.passk import summarize
 from slr.tasks import load_tasks
 
@@ -59,25 +60,17 @@ def engine_model(config: Config) -> str | None:
     return None if config.engine.options is None else getattr(config.engine.options, "model", None)
 
 
-def check_output(output: Path | None) -> None:
-    if output is not None and output.exists() and any(output.iterdir()):
-        raise UsageError(
-            f"--output {str(output)!r} exists and is not empty; pick a new folder, drop "
-            f"--output to get eval-<name>-<time> under run.runs_dir, or finish an "
-            f"interrupted eval with --resume"
-        )
+#: What continues an interrupted evaluation (named by the errors about its folder).
+RESUME = "slr eval --resume"
 
 
 def create_run_dir(config: Config, *, output: Path | None, name: str | None) -> RunDir:
+    """The evaluation's new run directory: ``output`` exactly, or ``eval-<name>-<time>``."""
     if output is None:
         return RunDir.create(
             config.run.runs_dir, name or f"eval-{config.run.name}", config.to_toml()
         )
-    output = Path(output)
-    check_output(output)
-    (output / "trials").mkdir(parents=True, exist_ok=True)
-    atomic_write(output / RunDir.CONFIG, config.to_toml())
-    return RunDir(output)
+    return RunDir.create_at(Path(output), config.to_toml(), resume=RESUME)
 
 
 class Evaluation:
@@ -104,7 +97,7 @@ class Evaluation:
         )
         if not self.tasks:
             raise UsageError(f"no tasks found under tasks.path = {str(config.tasks.path)!r}")
-        self.agent = build_plugin(config, self.plugins, "agent")
+        self.agent = self.plugins.build(config, "agent")
         self.needs_model = self.agent.needs_model
         self.checkpoint = None
         if checkpoint is not None:
@@ -116,14 +109,14 @@ class Evaluation:
             self.checkpoint = resolve_checkpoint(checkpoint)
             config = serve_checkpoint(config, self.checkpoint)
         self.config = config
-        if resume is None:
-            check_output(None if output is None else Path(output))
-        self.backend = build_plugin(config, self.plugins, "backend")
-        self.verifier = build_plugin(config, self.plugins, "verifier")
+        if resume is None and output is not None:
+            RunDir.check_new(Path(output), resume=RESUME)  # before the slow part below
+        self.backend = self.plugins.build(config, "backend")
+        self.verifier = self.plugins.build(config, "verifier")
         # last: loading the model is the slow part, so the cheap checks fail before it
-        self.engine = build_plugin(config, self.plugins, "engine") if self.needs_model else None
+        self.engine = build_engine(config, self.plugins) if self.needs_model else None
         self.run = resume or create_run_dir(config, output=output, name=name)
-        self.run.hold()
+        self.life = RunLifecycle(self.run, plugins=self.plugins, config=config, kind="eval")
 
     @classmethod
     def resume(cls, path: Path, *, plugins: PluginManager | None = None) -> Self:
@@ -165,24 +158,13 @@ class Evaluation:
         recorded = len(self.run.trial_ids())
         if recorded:
             self.run.append_event("resumed", recorded=recorded)
-        self.run.append_event(
-            "started",
-            kind="eval",
-            samples=self.samples,
-            threshold=self.threshold,
-            checkpoint=None if self.checkpoint is None else str(self.checkpoint.path.resolve()),
-        )
         t0 = time.monotonic()
-        status = "failed"
-        try:
+        checkpoint = None if self.checkpoint is None else str(self.checkpoint.path.resolve())
+        with self.life.running(
+            samples=self.samples, threshold=self.threshold, checkpoint=checkpoint
+        ) as life:
             results = asyncio.run(self._main())
-            status = "completed"
-        except KeyboardInterrupt:
-            status = "interrupted"
-            raise
-        finally:
-            self.run.append_event("finished", status=status)
-            self.run.close()
+            life.status = "completed"
         summary = self.summary(results, elapsed_s=time.monotonic() - t0)
         atomic_write(self.run.path / SUMMARY, json.dumps(summary, indent=2, sort_keys=True))
         return summary

@@ -41,17 +41,18 @@ import attrs
 import structlog
 
 from slr import log as slr_log
-from slr.cluster.engines import replica_handles, start_engine_replicas
+from slr.cluster.engines import build_engine, replica_handles
 from slr.cluster.trainer import RemoteOptimizer, start_trainer
 from slr.cluster.workers import RolloutPool, start_rollout_workers
-from slr.config import PLUGIN_SECTIONS, Config
+from slr.config import Config
 from slr.contracts import TrialResult
 from slr.contracts.weights import sync_metrics
 from slr.engines.balancer import LoadBalancer
 from slr.errors import UsageError
+from slr.hookspecs import RunStatus
 from slr.plugins import PluginManager
 from slr.rollout.costs import cost_means
-from slr.rollout.recorder import BatchRunner, TrialRecorder, TrialSpec, emit
+from slr.rollout.recorder import BatchRunner, TrialRecorder, TrialSpec
 from slr.run import checkpoints
 from slr.run.directory import RunDir, atomic_write, wait_for_space
 from slr.tasks import Task, load_tasks
@@ -70,41 +71,26 @@ class Components:
     verifier: Any
 
 
-def build_plugin(config: Config, plugins: PluginManager, section: str) -> Any:
-    """The plugin instance the config's ``[section]`` names, built with its options.
-
-    The engine with ``[run] engine_replicas >= 1`` is that many Ray actors, each building
-    the engine plugin in its own process, behind the load balancer (``slr.cluster``)."""
-    if section == "engine" and config.run.engine_replicas >= 1:
-        return start_engine_replicas(config)
-    choice = getattr(config, section)
-    reg = plugins.get(PLUGIN_SECTIONS[section], choice.name)
-    return reg.create(choice.options, config=config)
-
-
 def build_components(config: Config, plugins: PluginManager, *, train: bool = True) -> Components:
     """The run's plugins. With ``[run] rollout_workers >= 1`` the driver builds no backend
     and no verifier: each worker builds its own (``slr.cluster.workers``); with
     ``[run] trainer_resources`` set the optimizer is a Ray actor (``slr.cluster.trainer``)."""
 
-    def make(section: str) -> Any:
-        return build_plugin(config, plugins, section)
-
     remote_rollout = config.run.rollout_workers >= 1
-    engine = make("engine")
+    engine = build_engine(config, plugins)
     try:
         optimizer = None
         if train:
             if config.run.trainer_resources is not None:
                 optimizer = start_trainer(config, by_reference=bool(replica_handles(engine)))
             else:
-                optimizer = make("optimizer")
+                optimizer = plugins.build(config, "optimizer")
         return Components(
             engine=engine,
             optimizer=optimizer,
-            backend=None if remote_rollout else make("backend"),
-            agent=make("agent"),
-            verifier=None if remote_rollout else make("verifier"),
+            backend=None if remote_rollout else plugins.build(config, "backend"),
+            agent=plugins.build(config, "agent"),
+            verifier=None if remote_rollout else plugins.build(config, "verifier"),
         )
     except BaseException:
         # engine replicas are processes of their own: end them when the run cannot start
@@ -383,7 +369,7 @@ class Loop:
 
         await asyncio.to_thread(write)
         log.info("step done", step=step, reward_mean=metrics.get("reward/mean"))
-        emit(self.plugins, "on_step_finished", run_dir=self.run, step=step, metrics=metrics)
+        self.plugins.emit("on_step_finished", run_dir=self.run, step=step, metrics=metrics)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -434,7 +420,7 @@ class Loop:
             except Exception:
                 log.exception("closing the optimizer failed")
 
-    async def main(self) -> str:
+    async def main(self) -> RunStatus:
         cfg = self.config
         async with self.session() as session, self.runner(session) as runner:
             self.announce_placement(runner)

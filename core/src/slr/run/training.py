@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from slr import log as slr_log
 from slr.config import Config, load_config
 from slr.plugins import get_plugin_manager
-from slr.rollout.recorder import emit
 from slr.run.async_loop import AsyncLoop
 from slr.run.directory import RunDir
+from slr.run.lifecycle import RunLifecycle
 from slr.run.loop import Loop
 
 
@@ -34,22 +33,18 @@ def train(
             run = RunDir.create_at(output, config.to_toml())
         else:
             run = RunDir.create(config.run.runs_dir, config.run.name, config.to_toml())
-    run.hold()  # a second `slr run --resume` of the same run is refused, not interleaved
-    slr_log.bind(run_id=run.id)
-    loop = (AsyncLoop if config.run.mode == "async" else Loop)(config, run, plugins)
-    if resume is not None:
-        loop.restore()
-    run.append_event("started", resumed=resume is not None, step=loop.start_step)
-    emit(plugins, "on_run_started", run_dir=run, config=config)
-    status = "failed"
+    # held from here: a second `slr run --resume` of the same run is refused, not interleaved
+    life = RunLifecycle(run, plugins=plugins, config=config, kind="train")
     try:
-        status = asyncio.run(loop.main())
-    except KeyboardInterrupt:
-        status = "interrupted"
+        loop = (AsyncLoop if config.run.mode == "async" else Loop)(config, run, plugins)
+        if resume is not None:
+            loop.restore()
+    except BaseException:
+        life.release()
         raise
-    finally:
-        loop.close()
-        run.append_event("finished", status=status)
-        run.close()
-        emit(plugins, "on_run_finished", run_dir=run, status=status)
+    with life.running(resumed=resume is not None, step=loop.start_step):
+        try:
+            life.status = asyncio.run(loop.main())
+        finally:
+            loop.close()
     return run

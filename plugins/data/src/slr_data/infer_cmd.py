@@ -140,9 +140,8 @@ def infer(
 
 def _calls_model(cfg) -> bool:
     from slr.plugins import get_plugin_manager
-    from slr.run.loop import build_plugin
 
-    return bool(build_plugin(cfg, get_plugin_manager(), "agent").needs_model)
+    return bool(get_plugin_manager().build(cfg, "agent").needs_model)
 
 
 # the optimizer plays no part in inference
