@@ -57,13 +57,11 @@ import structlog
 
 from slr import log as slr_log
 from slr.contracts import TerminationReason, TrialResult
-from slr.contracts.weights import sync_metrics
 from slr.errors import UsageError
 from slr.hookspecs import RunStatus
-from slr.rollout.costs import cost_means
 from slr.rollout.recorder import TrialRunner, TrialSpec
 from slr.run import checkpoints
-from slr.run.loop import Loop, no_signal, worker_metrics
+from slr.run.loop import Loop, no_signal
 from slr.tasks import Task
 
 log = structlog.get_logger()
@@ -315,11 +313,8 @@ class AsyncLoop(Loop):
         metrics: dict[str, Any] = dict(await asyncio.to_thread(self.parts.optimizer.step, trials))
         t2 = time.monotonic()
         in_flight = self.pending_trials
-        # the copy of the whole state dict runs in a thread too: on the event loop it would
-        # stall the proxy and every trial for as long as it takes (a model's size in bytes)
-        weights = await asyncio.to_thread(self.parts.optimizer.export_weights)
         try:
-            version = await self.parts.engine.update_weights(weights, version=step, mode="partial")
+            weights, version = await self.publish(step, mode="partial")
         except NotImplementedError as exc:
             raise UsageError(
                 f"run.mode = 'async' needs an engine that can update weights mid-generation "
@@ -327,15 +322,14 @@ class AsyncLoop(Loop):
                 f"run.mode = 'sync' with this engine."
             ) from exc
         t3 = time.monotonic()
-        metrics.update(sync_metrics(weights))
         async with self._cond:
             self.version = version
             window, self.window = self.window, StepWindow()
             self._cond.notify_all()
         self.trained.update(g.id for g in batch)
         metrics.update(
-            {
-                "weights_version": version,
+            self.step_metrics(trials, weights, version, self._runner),
+            **{
                 "staleness/age_min": min(ages, default=0),
                 "staleness/age_max": max(ages, default=0),
                 "staleness/age_mean": sum(ages) / len(ages) if ages else 0.0,
@@ -350,10 +344,8 @@ class AsyncLoop(Loop):
                 "time/admission_wait_s": window.admission_wait_s,
                 "time/update_s": t2 - t1,
                 "time/sync_s": t3 - t2,
-            }
+            },
         )
-        metrics.update(cost_means(trials))  # the trials' cost split, mean per trial
-        metrics.update(worker_metrics(self._runner))
         await self.checkpoint(step, metrics, trained_groups=sorted(self.trained))
         metrics["time/step_s"] = time.monotonic() - t0
         return metrics
@@ -365,10 +357,7 @@ class AsyncLoop(Loop):
         async with self.session() as session, self.runner(session) as runner:
             self._runner = runner
             self.announce_placement(runner)
-            if self.start_step > 1:
-                await self.parts.engine.update_weights(
-                    self.parts.optimizer.export_weights(), version=self.start_step - 1
-                )
+            await self.resume_weights()
             self.version = self.steps_taken = self.start_step - 1
             self.buffer = list(self._recovered)
             self.ahead = len(self.buffer)

@@ -45,8 +45,8 @@ from slr.cluster.engines import build_engine, replica_handles
 from slr.cluster.trainer import RemoteOptimizer, start_trainer
 from slr.cluster.workers import RolloutPool, start_rollout_workers
 from slr.config import Config
-from slr.contracts import TrialResult
-from slr.contracts.weights import sync_metrics
+from slr.contracts import TrialResult, UpdateMode
+from slr.contracts.weights import WeightUpdate, sync_metrics
 from slr.engines.balancer import LoadBalancer
 from slr.errors import UsageError
 from slr.hookspecs import RunStatus
@@ -305,27 +305,45 @@ class Loop:
         # dynamic sampling, groups left out for lack of signal are counted, not passed).
         metrics: dict[str, Any] = dict(await asyncio.to_thread(self.parts.optimizer.step, trials))
         t2 = time.monotonic()
-        # The weights after step N are version N, in a resumed run too.
-        weights = self.parts.optimizer.export_weights()
-        version = await self.parts.engine.update_weights(weights, version=step)
+        weights, version = await self.publish(step)
         t3 = time.monotonic()
-        metrics.update(sync_metrics(weights))
         metrics.update(
-            {
-                "weights_version": version,
-                "time/rollout_s": t1 - t0,
-                "time/update_s": t2 - t1,
-                "time/sync_s": t3 - t2,
-            }
+            self.step_metrics(trials, weights, version, session),
+            **{"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2},
         )
         if self.config.rollout.dynamic_sampling:
             metrics["groups/oversampled"] = rolled.oversampled
             metrics["groups/dropped_no_signal"] = rolled.dropped_no_signal
-        metrics.update(cost_means(trials))  # the trials' cost split, mean per trial
-        metrics.update(worker_metrics(session))
         await self.checkpoint(step, metrics)
         metrics["time/step_s"] = time.monotonic() - t0
         return metrics
+
+    async def publish(self, step: int, *, mode: UpdateMode = "drain") -> tuple[WeightUpdate, int]:
+        """The trained weights to the engine, as version ``step`` (the weights after step N
+        are version N, in a resumed run too); returns them and the engine's version.
+
+        The export (a copy of the whole state dict) runs in a thread: on the event loop it
+        would stall the proxy and every trial in flight for as long as it takes."""
+        weights = await asyncio.to_thread(self.parts.optimizer.export_weights)
+        extra: dict[str, UpdateMode] = {} if mode == "drain" else {"mode": mode}
+        return weights, await self.parts.engine.update_weights(weights, version=step, **extra)
+
+    def step_metrics(
+        self, trials: Sequence[TrialResult], weights: WeightUpdate, version: int, runner: Any
+    ) -> dict[str, Any]:
+        """What every step's metrics line has, whichever loop took the step: the weight
+        sync, the trials' cost split (mean per trial) and the rollout workers' counters."""
+        return {
+            **sync_metrics(weights),
+            "weights_version": version,
+            **cost_means(trials),
+            **worker_metrics(runner),
+        }
+
+    async def resume_weights(self) -> None:
+        """A resumed run's engine serves the checkpoint's weights before any trial runs."""
+        if self.start_step > 1:
+            await self.publish(self.start_step - 1)
 
     async def checkpoint(self, step: int, metrics: dict[str, Any], **state: Any) -> None:
         """Write step ``step``'s checkpoint if one is due (``run.checkpoint_every``).
@@ -424,10 +442,7 @@ class Loop:
         cfg = self.config
         async with self.session() as session, self.runner(session) as runner:
             self.announce_placement(runner)
-            if self.start_step > 1:
-                await self.parts.engine.update_weights(
-                    self.parts.optimizer.export_weights(), version=self.start_step - 1
-                )
+            await self.resume_weights()
             for step in range(self.start_step, cfg.run.steps + 1):
                 with slr_log.bound(step=step):
                     metrics = await self.step(step, runner)
