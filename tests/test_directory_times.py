@@ -28,6 +28,12 @@ def test_a_test_counts_toward_its_top_level_directory():
     assert directory_of("tests/test_lock.py::test_lock") == "tests"
 
 
+def copy_conftest(tests: Path) -> None:
+    """The suite's conftest.py, with the module it imports (the services' readiness)."""
+    for name in ("conftest.py", "service_readiness.py"):
+        shutil.copy(HERE / name, tests / name)
+
+
 def test_the_summary_sums_each_directory(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
     tests = tmp_path / "tests"
@@ -38,7 +44,7 @@ def test_the_summary_sums_each_directory(tmp_path):
         (tests / folder).mkdir(parents=True)
         (tests / folder / f"test_{folder.replace('/', '_')}.py").write_text(body)
     (tests / "test_top.py").write_text("def test_d(): pass\n")
-    shutil.copy(HERE / "conftest.py", tests / "conftest.py")
+    copy_conftest(tests)
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests"],
         cwd=tmp_path,
@@ -70,7 +76,7 @@ def test_figures_reach_the_terminal_from_xdist_workers(tmp_path):
         "def test_m(request):\n"
         "    request.node.user_properties.append(('figure', 'speed', {'tokens_per_s': 12.5}))\n"
     )
-    shutil.copy(HERE / "conftest.py", tmp_path / "tests" / "conftest.py")
+    copy_conftest(tmp_path / "tests")
     for workers in (["-p", "no:xdist"], ["-n", "2"]):
         out = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *workers, "tests"],

@@ -74,7 +74,7 @@ def test_a_broken_pooled_pod_is_replaced_not_handed_out(backend, k8s_config):
 
 HOLDER = """
 import asyncio, json, sys
-sys.path.insert(0, sys.argv[2])
+sys.path[:0] = sys.argv[2:4]
 from k8s_support import py_task
 from slr_backend_k8s import K8sBackendConfig
 from slr_backend_k8s.backend import K8sBackend
@@ -95,7 +95,9 @@ asyncio.run(main())
 def test_a_killed_runs_pooled_pods_are_removed_at_the_next_start(backend, k8s_config):
     config = json.dumps(attrs.asdict(k8s_config))
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, config, str(HERE)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER, config, str(HERE), str(HERE.parents[1])],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     pool_id = ""
     try:
