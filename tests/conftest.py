@@ -15,7 +15,7 @@ printed after the table, from the reports, so they reach the terminal from a wor
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -86,3 +86,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if needs:
             # a new list: the parametrized instances of one test share the collected one
             item.fixturenames = [*needs, *(n for n in names if n not in needs)]
+
+
+# -- models the tests share -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random model (SmolLM2's tokenizer, one layer of width 32) saved as a model
+    folder: what the loop and end-to-end tests train, in seconds."""
+    from slr_engine_hf import tiny
+
+    model, tok = tiny.tiny_model(hidden=32, layers=1)
+    return tiny.save(model, tok, tmp_path_factory.mktemp("tiny") / "model")

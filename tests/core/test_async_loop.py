@@ -76,14 +76,6 @@ class CallingOraclePlugin:
         register("calling-oracle", CallingOracle)
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from slr_engine_hf import tiny
-
-    model, tok = tiny.tiny_model(hidden=32, layers=1)
-    return tiny.save(model, tok, tmp_path_factory.mktemp("tiny") / "model")
-
-
 @contextlib.contextmanager
 def calling_oracle_registered() -> Iterator[None]:
     """The installed plugins plus ``calling-oracle``, for a run shared by a module."""

@@ -49,14 +49,6 @@ def counter(slr_plugins):
     return c
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from slr_engine_hf import tiny
-
-    model, tok = tiny.tiny_model(hidden=32, layers=1)
-    return tiny.save(model, tok, tmp_path_factory.mktemp("tiny") / "model")
-
-
 def config(tmp_path: Path, model: Path | None = None, *, steps: int = 2, concurrency: int = 2):
     rollout = {"tasks_per_step": 2, "n_per_task": 2, "concurrency": concurrency, "max_tokens": 8}
     data = {

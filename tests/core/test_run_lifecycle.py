@@ -54,14 +54,6 @@ def events(slr_plugins) -> RunEvents:
     return recorder
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from slr_engine_hf import tiny
-
-    model, tok = tiny.tiny_model(hidden=32, layers=1)
-    return tiny.save(model, tok, tmp_path_factory.mktemp("tiny") / "model")
-
-
 def config(tmp_path: Path, model: Path | None = None, **run):
     data = {
         "run": {"name": "life", "runs_dir": str(tmp_path / "runs"), "steps": 1, **run},

@@ -23,14 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SLR = str(Path(sys.executable).with_name("slr"))
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from slr_engine_hf import tiny
-
-    model, tok = tiny.tiny_model(hidden=32, layers=1)
-    return tiny.save(model, tok, tmp_path_factory.mktemp("tiny") / "model")
-
-
 def write_config(path: Path, model: Path, *, steps: int, n: int = 2) -> Path:
     path.write_text(
         f"""

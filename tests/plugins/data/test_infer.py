@@ -121,14 +121,6 @@ class TestAgent:
         register("asks-then-writes", AsksThenWrites)
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from slr_engine_hf import tiny
-
-    model, tok = tiny.tiny_model(hidden=32, layers=1)
-    return tiny.save(model, tok, tmp_path_factory.mktemp("tiny") / "model")
-
-
 @pytest.mark.timeout(180)
 def test_sft_keeps_only_rewarded_conversations(tmp_path, slr_plugins, slr_cli, tiny_model_dir):
     slr_plugins.register(TestAgent(), name="asks-then-writes")
