@@ -45,8 +45,16 @@ from slr.cluster.engines import build_engine, replica_handles
 from slr.cluster.trainer import RemoteOptimizer, start_trainer
 from slr.cluster.workers import RolloutPool, start_rollout_workers
 from slr.config import Config
-from slr.contracts import TrialResult, UpdateMode
-from slr.contracts.weights import WeightUpdate, sync_metrics
+from slr.contracts import (
+    AgentAdapter,
+    Engine,
+    Optimizer,
+    SandboxBackend,
+    TrialResult,
+    UpdateMode,
+    Verifier,
+)
+from slr.contracts.weights import sync_metrics
 from slr.engines.balancer import LoadBalancer
 from slr.errors import UsageError
 from slr.hookspecs import RunStatus
@@ -62,16 +70,18 @@ log = structlog.get_logger()
 
 @attrs.define
 class Components:
-    """The plugins a run is made of, built from the resolved config."""
+    """The plugins a run is made of, built from the resolved config. With rollout workers
+    (``[run] rollout_workers``) the driver has no backend and no verifier (each worker
+    builds its own)."""
 
-    engine: Any
-    optimizer: Any
-    backend: Any
-    agent: Any
-    verifier: Any
+    engine: Engine
+    optimizer: Optimizer
+    backend: SandboxBackend | None
+    agent: AgentAdapter
+    verifier: Verifier | None
 
 
-def build_components(config: Config, plugins: PluginManager, *, train: bool = True) -> Components:
+def build_components(config: Config, plugins: PluginManager) -> Components:
     """The run's plugins. With ``[run] rollout_workers >= 1`` the driver builds no backend
     and no verifier: each worker builds its own (``slr.cluster.workers``); with
     ``[run] trainer_resources`` set the optimizer is a Ray actor (``slr.cluster.trainer``)."""
@@ -79,12 +89,10 @@ def build_components(config: Config, plugins: PluginManager, *, train: bool = Tr
     remote_rollout = config.run.rollout_workers >= 1
     engine = build_engine(config, plugins)
     try:
-        optimizer = None
-        if train:
-            if config.run.trainer_resources is not None:
-                optimizer = start_trainer(config, by_reference=bool(replica_handles(engine)))
-            else:
-                optimizer = plugins.build(config, "optimizer")
+        if config.run.trainer_resources is not None:
+            optimizer = start_trainer(config, by_reference=bool(replica_handles(engine)))
+        else:
+            optimizer = plugins.build(config, "optimizer")
         return Components(
             engine=engine,
             optimizer=optimizer,
@@ -318,7 +326,9 @@ class Loop:
         metrics["time/step_s"] = time.monotonic() - t0
         return metrics
 
-    async def publish(self, step: int, *, mode: UpdateMode = "drain") -> tuple[WeightUpdate, int]:
+    async def publish(
+        self, step: int, *, mode: UpdateMode = "drain"
+    ) -> tuple[Mapping[str, Any], int]:
         """The trained weights to the engine, as version ``step`` (the weights after step N
         are version N, in a resumed run too); returns them and the engine's version.
 
@@ -329,7 +339,7 @@ class Loop:
         return weights, await self.parts.engine.update_weights(weights, version=step, **extra)
 
     def step_metrics(
-        self, trials: Sequence[TrialResult], weights: WeightUpdate, version: int, runner: Any
+        self, trials: Sequence[TrialResult], weights: Mapping[str, Any], version: int, runner: Any
     ) -> dict[str, Any]:
         """What every step's metrics line has, whichever loop took the step: the weight
         sync, the trials' cost split (mean per trial) and the rollout workers' counters."""
