@@ -182,7 +182,7 @@ class PluginManager:
     def hook(self) -> pluggy.HookRelay:
         return self.pm.hook
 
-    def emit(self, hook: str, **kwargs: Any) -> None:
+    def emit(self, hook: str, **kwargs: object) -> None:
         """Fire an event hook (``on_<event>``). Event hooks never stop a run: a failing
         implementation (a logger, a dashboard) is logged and skipped."""
         try:

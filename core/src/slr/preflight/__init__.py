@@ -29,6 +29,7 @@ from slr.errors import UsageError
 
 if TYPE_CHECKING:
     from slr.config import Config
+    from slr.contracts import SandboxBackend
 
 Status = Literal["pass", "warn", "fatal"]
 Stage = Literal["config", "machine", "data"]
@@ -73,7 +74,7 @@ class Plugins(Protocol):
 
     def get(self, kind: str, name: str) -> Any: ...
 
-    def build(self, config: Any, section: Any) -> Any: ...
+    def build(self, config: Config, section: Literal["backend"]) -> SandboxBackend: ...
 
     def preflight_checks(self) -> list[Check]: ...
 

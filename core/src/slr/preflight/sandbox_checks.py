@@ -40,16 +40,16 @@ class _Listener(http.server.ThreadingHTTPServer):
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Listener
-
     def do_GET(self) -> None:
-        body = json.dumps({"probe": self.server.token}).encode()
+        listener = self.server
+        assert isinstance(listener, _Listener)
+        body = json.dumps({"probe": listener.token}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *args: Any) -> None:
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 

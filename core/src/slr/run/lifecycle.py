@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from slr import log as slr_log
 from slr.hookspecs import RunStatus
@@ -45,7 +45,7 @@ class RunLifecycle:
         slr_log.bind(run_id=run.id)
 
     @contextlib.contextmanager
-    def running(self, **fields: Any) -> Iterator[RunLifecycle]:
+    def running(self, **fields: object) -> Iterator[RunLifecycle]:
         """The run from its ``started`` event to its ``finished`` one (module docstring)."""
         self.run.append_event("started", kind=self.kind, **fields)
         self.plugins.emit("on_run_started", run_dir=self.run, config=self.config)

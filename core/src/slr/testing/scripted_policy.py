@@ -116,7 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
     owner: ScriptedPolicyStub
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, *args: Any) -> None:  # quiet
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
 
     def _record(self, body: dict[str, Any]) -> None:

@@ -43,6 +43,7 @@ def check_model(ctx: Context) -> list[CheckResult] | None:
         return None
     options = ctx.options("engine")
     model = options.model
+    folder = model  # what the error names when the folder itself cannot be found
     try:
         folder = _tokenizer_folder(model)
         from transformers import AutoTokenizer

@@ -211,16 +211,18 @@ class Scorer:
             def pick(out: torch.Tensor) -> torch.Tensor:
                 return out[0, where]
 
+        hidden: torch.Tensor | None = None
         if self.fused is not None or self.selective or value_head is not None:
             hidden = pick(self.model.get_decoder()(**inputs).last_hidden_state)
         if self.fused is not None:
+            assert hidden is not None
             out = self._score_fused(hidden, targets, select, entropy, entropy_grad)
             if value_head is not None:
                 out.values = _scatter(value_head(hidden.float()).squeeze(-1), select)
             return out
         if self.selective:
             head = self.model.get_output_embeddings()
-            assert head is not None  # selective: _head_is_separable found it
+            assert head is not None and hidden is not None  # selective: _head_is_separable found it
             logits = head(hidden)
         else:
             logits = pick(self.model(**inputs).logits)
@@ -237,6 +239,7 @@ class Scorer:
                 with torch.no_grad():
                     out.entropy = _scatter(verl_F.entropy_from_logits(logits.detach()), select)
         if value_head is not None:
+            assert hidden is not None
             out.values = _scatter(value_head(hidden.float()).squeeze(-1), select)
         return out
 

@@ -120,8 +120,10 @@ class CPUPlatform(PlatformBase):
     def visible_devices_envvar(self) -> str:
         return "SLR_VERL_VISIBLE_CPUS"  # verl reads it only to pin GPUs; nothing to pin
 
+    # verl's PlatformBase declares it with a bare `pass` body, so its inferred return is None,
+    # yet verl uses it as a context manager (as its CUDA and NPU platforms define it)
     @contextlib.contextmanager
-    def nvtx_range(self, msg: str):
+    def nvtx_range(self, msg: str):  # pyright: ignore[reportIncompatibleMethodOverride]
         yield
 
     def profiler_start(self) -> None:
