@@ -7,6 +7,7 @@ from slr.contracts.engine import (
     Engine,
     EngineUnavailable,
     ForcedDecoding,
+    SessionPinning,
     UpdateMode,
     collect,
 )
@@ -27,6 +28,8 @@ from slr.contracts.records import (
 from slr.contracts.routing import RoutedExperts
 from slr.contracts.sandbox import (
     BrokenEnvironment,
+    HealthChecked,
+    MeteredSandbox,
     Sandbox,
     SandboxBackend,
     SandboxError,
@@ -49,6 +52,8 @@ __all__ = [
     "ForcedDecoding",
     "Generation",
     "GenerationChunk",
+    "HealthChecked",
+    "MeteredSandbox",
     "NetworkMode",
     "Optimizer",
     "Reward",
@@ -58,6 +63,7 @@ __all__ = [
     "SandboxBackend",
     "SandboxError",
     "Segment",
+    "SessionPinning",
     "TerminationReason",
     "Trajectory",
     "TrialCosts",

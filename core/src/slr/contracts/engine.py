@@ -73,6 +73,14 @@ class Engine(Protocol):
 
 
 @runtime_checkable
+class SessionPinning(Protocol):
+    """An engine that keeps each session on one replica (optional; the load balancer): the
+    proxy tells it when a session closes, so it lets go of the pin."""
+
+    def forget(self, session_id: str) -> None: ...
+
+
+@runtime_checkable
 class ForcedDecoding(Protocol):
     """An engine that can score a given completion instead of sampling one (optional).
 

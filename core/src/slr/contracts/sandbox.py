@@ -69,6 +69,25 @@ class Sandbox(Protocol):
 
 
 @runtime_checkable
+class MeteredSandbox(Protocol):
+    """A sandbox that can say how much CPU it has used (optional for backends)."""
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds used by everything that ran in this sandbox since it was made, plus
+        host work the backend did to make it where it can tell; None when it cannot tell.
+        Cumulative and cheap (a file read): the trial runner reads it at phase boundaries."""
+        ...
+
+
+@runtime_checkable
+class HealthChecked(Protocol):
+    """A sandbox with its own health check (optional), cheaper than running ``true`` in
+    it: the warm pool asks it before handing the sandbox to a trial."""
+
+    async def healthy(self) -> bool: ...
+
+
+@runtime_checkable
 class SandboxBackend(Protocol):
     """Makes sandboxes from task environments."""
 

@@ -36,7 +36,14 @@ from attrs import field, frozen
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from slr.config import ProxySection
-from slr.contracts import Endpoint, Engine, SamplingParams, TerminationReason, Trajectory
+from slr.contracts import (
+    Endpoint,
+    Engine,
+    SamplingParams,
+    SessionPinning,
+    TerminationReason,
+    Trajectory,
+)
 from slr.errors import UsageError
 from slr.proxy.accumulator import Accumulator
 from slr.proxy.app import build_app
@@ -352,9 +359,8 @@ class Proxy:
         state = self.sessions.pop(session.token) or session._state
         state.close()
         # An engine that pins sessions (the load balancer) lets go of this one.
-        forget = getattr(self.engine, "forget", None)
-        if callable(forget):
-            forget(state.engine_id)
+        if isinstance(self.engine, SessionPinning):
+            self.engine.forget(state.engine_id)
         return state.trajectory()
 
     def transcript(self, session: Session) -> dict[str, Any]:

@@ -16,7 +16,7 @@ show, and that ``bench/trial_overhead.py`` compares:
 - ``cleanup``: closing the session, stopping the sandbox.
 
 Wall times come from one monotonic clock and sum to the trial's ``total_s``. CPU is read
-from the sandbox (``MeteredSandbox.cpu_s``: cumulative, so phases are differences) at the
+from the sandbox (``slr.contracts.MeteredSandbox.cpu_s``: cumulative, so phases are differences) at the
 phase boundaries and at the first model call; ``cleanup`` CPU is not measured (the sandbox
 is being destroyed), nor is the engine's share of ``model`` (the engine serves many trials
 at once in one process).
@@ -27,9 +27,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
 
 from slr.contracts.records import TrialCosts, TrialResult
+from slr.contracts.sandbox import MeteredSandbox
 
 PHASES = ("sandbox_start", "agent_startup", "model", "tools", "verifier", "cleanup")
 """The phases of a trial, in order; ``TrialCosts.wall_s`` has each."""
@@ -37,24 +37,12 @@ PHASES = ("sandbox_start", "agent_startup", "model", "tools", "verifier", "clean
 CPU_NOT_MEASURED = "cleanup and the engine's share of model time are not measured"
 
 
-@runtime_checkable
-class MeteredSandbox(Protocol):
-    """A sandbox that can say how much CPU it has used (optional for backends)."""
-
-    def cpu_s(self) -> float | None:
-        """CPU seconds used by everything that ran in this sandbox since it was made, plus
-        host work the backend did to make it where it can tell; None when it cannot tell.
-        Cumulative and cheap (a file read): the trial runner reads it at phase boundaries."""
-        ...
-
-
-def sandbox_cpu_s(sandbox: Any) -> float | None:
+def sandbox_cpu_s(sandbox: object) -> float | None:
     """The sandbox's cumulative CPU seconds, or None (not metered, or the reading failed)."""
-    read = getattr(sandbox, "cpu_s", None)
-    if read is None:
+    if not isinstance(sandbox, MeteredSandbox):
         return None
     try:
-        value = read()
+        value = sandbox.cpu_s()
     except Exception:  # a meter must never fail a trial
         return None
     return None if value is None else float(value)

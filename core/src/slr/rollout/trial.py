@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import structlog
@@ -80,11 +80,17 @@ class SessionFactory(Protocol):
         ...
 
 
+@runtime_checkable
+class ClockedSessions(Protocol):
+    """A session factory that keeps each session's ``ModelClock`` (optional; the proxy's)."""
+
+    def clock(self, handle: Any) -> ModelClock: ...
+
+
 def session_clock(sessions: SessionFactory, handle: Any) -> ModelClock | None:
     """The session's ``ModelClock`` when the factory keeps one (``clock(handle)``, optional:
     the proxy's does; a factory without it leaves model time at 0)."""
-    clock = getattr(sessions, "clock", None)
-    return None if clock is None else clock(handle)
+    return sessions.clock(handle) if isinstance(sessions, ClockedSessions) else None
 
 
 def bundle_mounts(bundle: Any) -> dict[Path, str]:

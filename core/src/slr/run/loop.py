@@ -339,7 +339,11 @@ class Loop:
         return weights, await self.parts.engine.update_weights(weights, version=step, **extra)
 
     def step_metrics(
-        self, trials: Sequence[TrialResult], weights: Mapping[str, Any], version: int, runner: object
+        self,
+        trials: Sequence[TrialResult],
+        weights: Mapping[str, Any],
+        version: int,
+        runner: object,
     ) -> dict[str, Any]:
         """What every step's metrics line has, whichever loop took the step: the weight
         sync, the trials' cost split (mean per trial) and the rollout workers' counters."""

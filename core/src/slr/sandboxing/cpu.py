@@ -1,5 +1,5 @@
 """CPU meters for sandboxes: cumulative CPU seconds of everything that ran in one, read
-from its control group (``slr.rollout.costs.MeteredSandbox``).
+from its control group (``slr.contracts.MeteredSandbox``).
 
 A cgroup counts every process in it, however it forked or re-parented, so it is the one
 reading that a scaffold's helper processes cannot escape. Docker puts each container in its

@@ -41,6 +41,7 @@ from typing import Any
 
 import structlog
 
+from slr.contracts import HealthChecked, Sandbox
 from slr.sandboxing.labels import POOL, trial_labels
 
 log = structlog.get_logger()
@@ -93,12 +94,11 @@ class _Warm:
         self.prestarted: Any = None
 
 
-async def is_healthy(sandbox: Any) -> bool:
+async def is_healthy(sandbox: Sandbox) -> bool:
     """The sandbox's own ``healthy()``, else whether ``true`` runs in it."""
-    check = getattr(sandbox, "healthy", None)
     try:
-        if check is not None:
-            return bool(await check())
+        if isinstance(sandbox, HealthChecked):
+            return bool(await sandbox.healthy())
         return (await sandbox.exec("true", timeout_s=10)).ok
     except Exception:
         return False
