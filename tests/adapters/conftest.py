@@ -20,7 +20,7 @@ from slr_backend_docker.base_image import BASE_TAG
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local.backend import LocalBackend
 
-from slr.rollout.trial import BUNDLE_MOUNT
+from slr.contracts import BUNDLE_MOUNT
 from slr.sandboxing.labels import OWNER_PID, SANDBOX
 from slr.tasks import load_task
 

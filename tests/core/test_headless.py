@@ -22,8 +22,7 @@ from slr.agents.headless import (
     run_scaffold,
     shell_line,
 )
-from slr.contracts import Bundle, Endpoint
-from slr.rollout.trial import BUNDLE_MOUNT
+from slr.contracts import BUNDLE_MOUNT, Bundle, Endpoint
 from slr.tasks import load_task
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"

@@ -19,8 +19,7 @@ from slr_backend_local.backend import LocalBackend
 from slr.agents.headless import AGENT_DIR, ScaffoldCrashed, driver_command, run_scaffold
 from slr.agents.prestart import PRESTART_DIR, Prestarted, start_interpreter, take
 from slr.agents.prestart_main import FREEZE_IMPORTS_ENV
-from slr.contracts import Bundle, Endpoint
-from slr.rollout.trial import BUNDLE_MOUNT
+from slr.contracts import BUNDLE_MOUNT, Bundle, Endpoint
 from slr.sandboxing.pool import SandboxPool
 from slr.tasks import load_task
 

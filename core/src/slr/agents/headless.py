@@ -21,7 +21,7 @@ import structlog
 from slr.agents.bundles import Marker
 from slr.agents.prestart import Prestarted
 from slr.agents.prestart_main import UNAVAILABLE, UNAVAILABLE_EXIT
-from slr.contracts import AgentOutcome, Bundle, Endpoint, Sandbox, SandboxError
+from slr.contracts import BUNDLE_MOUNT, AgentOutcome, Bundle, Endpoint, Sandbox, SandboxError
 from slr.errors import SlrError
 
 log = structlog.get_logger()
@@ -150,10 +150,9 @@ def anthropic_base_url(base_url: str) -> str:
 
 async def bundle_root(sandbox: Sandbox, bundle: Bundle) -> str:
     """Where ``bundle`` is in ``sandbox``: the trial runner's mount point
-    (``slr.rollout.trial.BUNDLE_MOUNT``) when it holds this bundle; else the host path when the
+    (``slr.contracts.BUNDLE_MOUNT``) when it holds this bundle; else the host path when the
     sandbox sees it (a backend that mounts at the same path, or shares the host's files);
     else the mount point (a bundle without a marker, such as a package folder)."""
-    from slr.rollout.trial import BUNDLE_MOUNT
 
     script = (
         f"if {Marker.shell_test(BUNDLE_MOUNT, bundle.version)}; "

@@ -1,6 +1,6 @@
 """Contracts: the protocols each plugin implements and the records they pass."""
 
-from slr.contracts.agent import AgentAdapter, AgentOutcome, Bundle, Endpoint
+from slr.contracts.agent import BUNDLE_MOUNT, AgentAdapter, AgentOutcome, Bundle, Endpoint
 from slr.contracts.engine import (
     UPDATE_MODES,
     ContextOverflow,
@@ -38,6 +38,7 @@ from slr.contracts.serialize import from_dict, to_dict
 from slr.contracts.verifier import Verifier, VerifierError, VerifierTimeout
 
 __all__ = [
+    "BUNDLE_MOUNT",
     "NETWORK_MODES",
     "UPDATE_MODES",
     "AgentAdapter",

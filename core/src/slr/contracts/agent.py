@@ -12,9 +12,14 @@ from slr.contracts.sandbox import Sandbox
 Protocol_ = Literal["openai", "anthropic"]
 
 
+#: Where an agent's bundle (``AgentAdapter.bundle().path``) appears in every sandbox,
+#: read-only: the one path the trial runner mounts and the adapters run from.
+BUNDLE_MOUNT = "/opt/slr/agent"
+
+
 @frozen(kw_only=True)
 class Bundle:
-    """A scaffold's runtime, built once on the host and mounted read-only into sandboxes."""
+    """A scaffold's runtime, built once on the host and mounted read-only at ``BUNDLE_MOUNT``."""
 
     path: Path
     version: str

@@ -39,6 +39,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from slr import log as slr_log
 from slr.contracts import (
+    BUNDLE_MOUNT,
     AgentAdapter,
     AgentOutcome,
     BrokenEnvironment,
@@ -61,9 +62,6 @@ from slr.sandboxing.labels import trial_labels
 from slr.tasks import AGENT_LOGS_DIR, Task
 
 log = structlog.get_logger()
-
-BUNDLE_MOUNT = "/opt/slr/agent"
-"""Where an agent's bundle (``AgentAdapter.bundle().path``) appears, read-only."""
 
 T = TerminationReason
 

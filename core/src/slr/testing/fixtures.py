@@ -48,7 +48,7 @@ def sandbox_factory(tmp_path_factory):
     import os
     import uuid
 
-    from slr.rollout.trial import BUNDLE_MOUNT
+    from slr.contracts import BUNDLE_MOUNT
     from slr.tasks import load_task
 
     folder = tmp_path_factory.mktemp("adapter-task")
