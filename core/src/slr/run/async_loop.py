@@ -354,7 +354,7 @@ class AsyncLoop(Loop):
 
     async def main(self) -> RunStatus:
         cfg = self.config
-        async with self.session() as session, self.runner(session) as runner:
+        async with self.recorder() as recorder, self.runner(recorder) as runner:
             self._runner = runner
             self.announce_placement(runner)
             await self.resume_weights()

@@ -293,19 +293,19 @@ class Loop:
 
     # -- one step -----------------------------------------------------------------------
 
-    async def rollout(self, step: int, session: BatchRunner) -> StepRollout:
-        """Roll out step ``step``'s groups through the session (``rollout_step``)."""
+    async def rollout(self, step: int, runner: BatchRunner) -> StepRollout:
+        """Roll out step ``step``'s groups through ``runner`` (``rollout_step``)."""
         label = f"step {step}/{self.config.run.steps} rollout"
 
         async def run(specs: list[TrialSpec], wave: int) -> list[TrialResult]:
             more = f" (over-sampling, wave {wave + 1})" if wave else ""
-            return await session.run(specs, label=label + more)
+            return await runner.run(specs, label=label + more)
 
         return await rollout_step(self.tasks, self.config, step, run)
 
-    async def step(self, step: int, session: BatchRunner) -> dict[str, Any]:
+    async def step(self, step: int, runner: BatchRunner) -> dict[str, Any]:
         t0 = time.monotonic()
-        rolled = await self.rollout(step, session)
+        rolled = await self.rollout(step, runner)
         trials = rolled.trials
         t1 = time.monotonic()
         # The optimizer sees every trial of the batch: it excludes infrastructure failures
@@ -316,7 +316,7 @@ class Loop:
         weights, version = await self.publish(step)
         t3 = time.monotonic()
         metrics.update(
-            self.step_metrics(trials, weights, version, session),
+            self.step_metrics(trials, weights, version, runner),
             **{"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2},
         )
         if self.config.rollout.dynamic_sampling:
@@ -405,7 +405,7 @@ class Loop:
 
     # -- the run ------------------------------------------------------------------------
 
-    def session(self) -> TrialRecorder:
+    def recorder(self) -> TrialRecorder:
         """The run's trial recorder: it closes the engine and the backend when left, and
         records every trial. With rollout workers it runs none itself (no proxy, no
         sandboxes in the driver): ``runner`` hands the trials to the workers."""
@@ -424,14 +424,14 @@ class Loop:
         )
 
     @contextlib.asynccontextmanager
-    async def runner(self, session: TrialRecorder) -> AsyncIterator[BatchRunner]:
-        """What runs the trials: the session itself, or a pool of rollout workers
+    async def runner(self, recorder: TrialRecorder) -> AsyncIterator[BatchRunner]:
+        """What runs the trials: the recorder itself, or a pool of rollout workers
         (``[run] rollout_workers``) that records through it."""
         if self.config.run.rollout_workers < 1:
-            yield session
+            yield recorder
             return
         pool = await start_rollout_workers(
-            self.config, session, replicas=replica_handles(self.parts.engine), tasks=self.tasks
+            self.config, recorder, replicas=replica_handles(self.parts.engine), tasks=self.tasks
         )
         try:
             yield pool
@@ -454,7 +454,7 @@ class Loop:
 
     async def main(self) -> RunStatus:
         cfg = self.config
-        async with self.session() as session, self.runner(session) as runner:
+        async with self.recorder() as recorder, self.runner(recorder) as runner:
             self.announce_placement(runner)
             await self.resume_weights()
             for step in range(self.start_step, cfg.run.steps + 1):
