@@ -218,13 +218,12 @@ def k8s_ready(namespace: str = K8S_NAMESPACE) -> K8sCluster:
             lambda: core.list_namespaced_service_account(namespace, _request_timeout=10).items,
             K8S_STEP_S,
         )
-        if not _image_on_node(core, K8S_PY_IMAGE):
-            _poll(
-                f"image {K8S_PY_IMAGE} on the node (scripts/k8s-up builds it with SLR_K8S_PYIMAGE=1)",
-                lambda: _image_on_node(core, K8S_PY_IMAGE),
-                60.0,
-                interval_s=2.0,
-            )
+        _poll(
+            f"image {K8S_PY_IMAGE} on the node (scripts/k8s-up builds it with SLR_K8S_PYIMAGE=1)",
+            lambda: _image_on_node(core, K8S_PY_IMAGE),
+            60.0,
+            interval_s=2.0,
+        )
         _probe_pod(core, namespace)
     finally:
         api.close()
