@@ -260,7 +260,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="slr-bench-async-") as tmp:
         work = Path(tmp)
         if args.quick:
-            from slr_engine_hf import tiny
+            from slr_testkit import tiny
 
             model, tok = tiny.tiny_model(hidden=32, layers=1)
             args.tiny_model = tiny.save(model, tok, work / "tiny")

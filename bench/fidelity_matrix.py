@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/fidelity_matrix.py [--write-docs] [--json]
 
-Each scaffold's session (``slr.testing.fidelity.scenarios``: tool calls, a sub-agent and a
+Each scaffold's session (``slr_testkit.fidelity.scenarios``: tool calls, a sub-agent and a
 compaction where the scaffold has them) is replayed through the real proxy with the
 official SDK clients, answers forced through the hf engine (``force_decode``) on a tiny
 fp32 model. Per cell: calls, segments captured and the minimum the template allows,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from attrs import asdict
 
-from slr.testing.fidelity import markdown_table, run_matrix, scenarios
+from slr_testkit.fidelity import markdown_table, run_matrix, scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "tests" / "core" / "proxy" / "templates"
@@ -35,9 +35,8 @@ def main() -> None:
     p.add_argument("--write-docs", action="store_true", help="update the table in docs/proxy.md")
     p.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = p.parse_args()
-    from slr_engine_hf.fidelity import close_all, matrix_engines
-
     from slr import log
+    from slr_testkit.fidelity.engines import close_all, matrix_engines
 
     log.configure(level="warning")
     started = time.monotonic()

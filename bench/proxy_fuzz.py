@@ -488,11 +488,11 @@ def main() -> None:
 
     configure(level="warning", stream=sys.stderr)  # stdout is the figures
     from slr_engine_hf.engine import HfEngine
-    from slr_engine_hf.tiny import tiny_model, tokenizer
 
     from slr.config import ProxySection
     from slr.contracts import SamplingParams
     from slr.proxy import Proxy, ProxyThread
+    from slr_testkit.tiny import tiny_model, tokenizer
 
     torch.set_num_threads(1)
     model, tok = tiny_model(tok=tokenizer(), hidden=64, layers=2, seed=3)

@@ -594,9 +594,8 @@ def main() -> None:
     from slr import log
 
     log.configure(stream=sys.stderr)
-    from slr_engine_hf.tiny import save, tiny_model
-
     from slr.contracts import SamplingParams
+    from slr_testkit.tiny import save, tiny_model
 
     torch.set_num_threads(1)
     if args.tokenizer:

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import torch
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 from slr_optimizer_torch.config import TorchOptimizerConfig
@@ -36,6 +35,7 @@ from slr_optimizer_torch.optimizer import TorchOptimizer
 
 from slr.config import AlgorithmSection
 from slr.contracts import Reward, SamplingParams, Segment, Trajectory, TrialResult
+from slr_testkit import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
 

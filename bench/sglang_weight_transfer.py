@@ -32,12 +32,12 @@ STANDIN = ROOT / "tests" / "plugins" / "engine_sglang" / "sglang_standin.py"
 async def _measure(args: argparse.Namespace) -> dict:
     import httpx
     import torch
-    from slr_engine_hf import tiny
     from slr_engine_sglang.config import SglangEngineConfig
     from slr_engine_sglang.engine import SglangEngine
 
     from slr.contracts.weights import payload_bytes
     from slr.engines.server import ServerProcess, free_port
+    from slr_testkit import tiny
 
     model, tok = tiny.tiny_model(layers=args.layers, hidden=args.hidden, heads=4, kv_heads=2)
     work = Path(tempfile.mkdtemp(prefix="slr-bench-weights-"))

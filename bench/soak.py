@@ -433,7 +433,7 @@ def _steps(args: argparse.Namespace) -> int:
 
 def run_soak(args: argparse.Namespace) -> dict[str, Any]:
     """One soak with ``args`` (see ``parser``); the figures."""
-    from slr_engine_hf import tiny
+    from slr_testkit import tiny
 
     with tempfile.TemporaryDirectory(prefix="slr-soak-") as tmp:
         work = Path(tmp)

@@ -71,7 +71,8 @@ def _anthropic_call(urls: dict, stream: bool, max_tokens: int) -> tuple[float, f
 def _engine(name: str):
     if name == "tiny":
         from slr_engine_hf.engine import HfEngine
-        from slr_engine_hf.tiny import tiny_model
+
+        from slr_testkit.tiny import tiny_model
 
         model, tok = tiny_model(hidden=256, layers=4, heads=4, kv_heads=2, seed=1)
         return HfEngine.from_model(model, tok)

@@ -50,7 +50,7 @@ from slr.rollout.costs import ModelClock, fixed_wall_s
 from slr.rollout.trial import StandInSessions, bundle_mounts, new_trial_id, run_trial
 from slr.sandboxing.pool import SandboxPool
 from slr.tasks import load_task
-from slr.testing.scripted_policy import Reply, ScriptedPolicyStub, ToolCall
+from slr_testkit.scripted_policy import Reply, ScriptedPolicyStub, ToolCall
 
 ROOT = Path(__file__).resolve().parents[1]
 HELLO = "THOUGHT: write the file.\n\n```mswea_bash_command\nprintf 'hello\\n' > hello.txt\n```"

@@ -95,7 +95,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random model (SmolLM2's tokenizer, one layer of width 32) saved as a model
     folder: what the loop and end-to-end tests train, in seconds."""
-    from slr_engine_hf import tiny
+    from slr_testkit import tiny
 
     model, tok = tiny.tiny_model(hidden=32, layers=1)
     return tiny.save(model, tok, tmp_path_factory.mktemp("tiny") / "model")

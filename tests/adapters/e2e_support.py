@@ -13,7 +13,8 @@ import torch
 from filelock import FileLock
 from slr_engine_hf.engine import HfEngine
 from slr_engine_hf.models import MARKER, cache_dir
-from slr_engine_hf.tiny import chat_prompt, save, teach, tokenizer
+
+from slr_testkit.tiny import chat_prompt, save, teach, tokenizer
 
 #: The action that solves examples/tasks/hello-world, in every scaffold's format.
 HELLO = "printf 'hello\\n' > /app/hello.txt"

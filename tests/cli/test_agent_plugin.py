@@ -171,7 +171,7 @@ def wait_for_exit(pid: int, timeout: float) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_check_run_and_status_skills_launch_and_report_a_real_run(tmp_path):
-    from slr_engine_hf import tiny
+    from slr_testkit import tiny
 
     model, tok = tiny.tiny_model(hidden=32, layers=1)
     config = write_config(tmp_path, tiny.save(model, tok, tmp_path / "model"))

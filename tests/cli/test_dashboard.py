@@ -58,8 +58,9 @@ def artifacts(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory) -> Path:
     """One step of `slr run` on the tiny model, plus one real proxy session in the run."""
-    from slr_engine_hf import tiny
     from slr_engine_hf.engine import HfEngine
+
+    from slr_testkit import tiny
 
     base = tmp_path_factory.mktemp("dash")
     model, tok = tiny.tiny_model(hidden=32, layers=1)

@@ -19,7 +19,7 @@ SLR = str(Path(sys.executable).with_name("slr"))
 
 @pytest.mark.slow
 def test_serve_prints_urls_serves_and_writes_trajectories(tmp_path):
-    from slr_engine_hf import tiny
+    from slr_testkit import tiny
 
     model, tok = tiny.tiny_model(hidden=32, layers=1)
     folder = tiny.save(model, tok, tmp_path / "model")

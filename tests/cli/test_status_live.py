@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from slr.run.directory import RunDir
-from slr.testing.runs import held_by_another_process
 from slr_cli.status_cmd import status as status_cmd
+from slr_testkit.runs import held_by_another_process
 
 
 def status(*args: str):

@@ -13,14 +13,13 @@ from collections.abc import Iterator
 
 import attrs
 import pytest
-from slr_engine_hf import tiny
 
 from slr.cluster.engines import RayEngine, build_engine
 from slr.config import load_config
 from slr.contracts import EngineUnavailable, SamplingParams
 from slr.engines.balancer import LoadBalancer
 from slr.plugins import get_plugin_manager
-from slr.testing import EngineTests
+from slr_testkit import EngineTests, tiny
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from slr_engine_hf import tiny
 
 from slr.cluster.trainer import RemoteOptimizer, start_trainer
 from slr.config import load_config
 from slr.plugins import get_plugin_manager
 from slr.run import checkpoints
+from slr_testkit import tiny
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 

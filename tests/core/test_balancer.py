@@ -13,12 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 
 from slr.contracts import ContextOverflow, Engine, EngineUnavailable, SamplingParams
 from slr.engines.balancer import LoadBalancer
+from slr_testkit import tiny
 
 PROMPT = list(range(200, 220))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import attrs
@@ -165,3 +166,38 @@ def test_only_plugins_validates_just_the_sections_a_command_needs():
     assert cfg.engine.options == EngineOpts(max_batch=3)
     with pytest.raises(ConfigError, match="max_batch"):
         load_config(plugins=manager, sets=["engine.max_batch=0"], only_plugins=("engine",))
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        {"engine_replicas": 2},
+        {"rollout_workers": 1},
+        {"trainer_resources": {"CPU": 1}},
+        {"ray_address": "auto"},
+    ],
+)
+def test_a_config_that_puts_roles_on_ray_is_refused_when_ray_is_not_installed(
+    plugins, monkeypatch, run
+):
+    """Ray is the extra slr-core[cluster]: without it such a run would start and fail at the
+    first actor; it is refused at load, naming the settings and the install."""
+    assert load_config(plugins=plugins, data={"run": dict(run)}).run.ray_settings()
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(ConfigError) as exc:
+        load_config(plugins=plugins, data={"run": dict(run)})
+    (setting,) = run
+    assert f"{setting} = " in str(exc.value), exc.value
+    assert "pip install 'slr-core[cluster]'" in str(exc.value)
+    # a run in one process needs no Ray
+    assert load_config(plugins=plugins, data={"run": {"steps": 2}}).run.ray_settings() == []
+
+
+def test_connecting_to_ray_without_it_names_the_extra(monkeypatch):
+    from slr.cluster import ray_runtime
+    from slr.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    assert not ray_runtime.ray_installed()
+    with pytest.raises(UsageError, match=r"slr-core\[cluster\]"):
+        ray_runtime.connect("local")

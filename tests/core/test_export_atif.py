@@ -13,7 +13,6 @@ import openai
 import pytest
 from atif_schema import Trajectory
 from click.testing import CliRunner
-from slr_engine_hf import tiny
 from slr_engine_hf.engine import HfEngine
 
 from slr.config import load_config
@@ -25,6 +24,7 @@ from slr.plugins import get_plugin_manager
 from slr.rollout.recorder import TrialRecorder
 from slr.run.directory import RunDir
 from slr_cli.main import cli
+from slr_testkit import tiny
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 
 from slr.agents.model_free import NopAgent, OracleAgent
 from slr.plugins import BUILTIN_PLUGINS, PluginManager
-from slr.testing import AgentAdapterTests
+from slr_testkit import AgentAdapterTests
 
 
 class TestOracleConformance(AgentAdapterTests):

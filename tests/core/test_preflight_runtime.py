@@ -14,7 +14,7 @@ from slr.config import load_config
 from slr.plugins import get_plugin_manager
 from slr.preflight import Context, gpus, run_checks, runtime_checks
 from slr.run.directory import RunDir
-from slr.testing.runs import held_by_another_process
+from slr_testkit.runs import held_by_another_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "tasks"

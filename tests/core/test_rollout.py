@@ -287,7 +287,8 @@ def test_a_served_session_is_recorded_once_without_reward(tmp_path, counter):
     """`slr serve`'s path: a session opened by hand, used by a real client, recorded."""
     import openai
     from slr_engine_hf.engine import HfEngine
-    from slr_engine_hf.tiny import save, tiny_model
+
+    from slr_testkit.tiny import save, tiny_model
 
     folder = save(*tiny_model(hidden=32, layers=1), tmp_path / "model")
     run = RunDir.create(tmp_path / "runs", "serve", "")

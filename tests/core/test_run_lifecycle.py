@@ -143,7 +143,7 @@ def test_a_failure_is_failed_and_ctrl_c_is_interrupted(tmp_path, events):
 
 
 def test_the_run_is_held_from_the_start_and_released_without_a_start(tmp_path, events):
-    from slr.testing.runs import held_by_another_process
+    from slr_testkit.runs import held_by_another_process
 
     run = RunDir.create(tmp_path / "runs", "life", "")
     life = RunLifecycle(run, plugins=get_plugin_manager(), config=None, kind="eval")  # type: ignore[arg-type]

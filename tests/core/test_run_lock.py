@@ -8,7 +8,7 @@ import os
 import pytest
 
 from slr.run.directory import RunDir, RunInUse
-from slr.testing.runs import held_by_another_process
+from slr_testkit.runs import held_by_another_process
 
 
 @pytest.fixture

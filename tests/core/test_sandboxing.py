@@ -18,7 +18,7 @@ from slr.sandboxing import (
     inner_proxy_url,
     remove_stale_links,
 )
-from slr.testing.sandbox_probes import stand_in_proxy
+from slr_testkit.sandbox_probes import stand_in_proxy
 
 
 @pytest.mark.parametrize(

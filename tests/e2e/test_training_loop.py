@@ -144,7 +144,7 @@ def test_sigkill_then_resume_loses_nothing_counts_nothing_twice(tmp_path, tiny_m
 @pytest.fixture(scope="module")
 def wide_model_dir(tmp_path_factory) -> Path:
     """Wide enough (~25 M parameters, ~100 MB) that writing a checkpoint takes a while."""
-    from slr_engine_hf import tiny
+    from slr_testkit import tiny
 
     model, tok = tiny.tiny_model(hidden=256, layers=1, heads=4, kv_heads=2)
     return tiny.save(model, tok, tmp_path_factory.mktemp("wide") / "model")

@@ -33,7 +33,8 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def slow_engine():
     from slr_engine_hf.engine import HfEngine
-    from slr_engine_hf.tiny import tiny_model, tokenizer
+
+    from slr_testkit.tiny import tiny_model, tokenizer
 
     model, tok = tiny_model(tok=tokenizer(), hidden=64, layers=2, seed=3)
     slow_steps(model, STEP_S)

@@ -26,7 +26,8 @@ def one_torch_thread():
 def engine():
     from slr_engine_hf.config import HfEngineConfig
     from slr_engine_hf.engine import HfEngine
-    from slr_engine_hf.tiny import tiny_model, tokenizer
+
+    from slr_testkit.tiny import tiny_model, tokenizer
 
     model, tok = tiny_model(tok=tokenizer(), hidden=64, layers=2, seed=3)
     engine = HfEngine.from_model(model, tok, HfEngineConfig(prefix_cache_tokens=0))

@@ -39,7 +39,7 @@ from slr.agents.model_free import OracleAgent
 from slr.contracts import Sandbox, TerminationReason
 from slr.rollout.trial import StandInSessions, run_trial
 from slr.tasks import load_task
-from slr.testing.sandbox_probes import stand_in_proxy
+from slr_testkit.sandbox_probes import stand_in_proxy
 
 # Real trials (four per backend, two at a time): ~15-25 s per backend on a quiet 2-core
 # machine, more under load.

@@ -6,8 +6,8 @@ import pytest
 from slr_adapter_claude_code.adapter import ClaudeCode, ClaudeCodeConfig
 
 from slr.contracts import Endpoint
-from slr.testing import ScaffoldAdapterTests
-from slr.testing.scripted_policy import Reply, ToolCall
+from slr_testkit import ScaffoldAdapterTests
+from slr_testkit.scripted_policy import Reply, ToolCall
 
 
 class TestClaudeCode(ScaffoldAdapterTests):

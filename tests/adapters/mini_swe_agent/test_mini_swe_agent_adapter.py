@@ -14,8 +14,8 @@ import pytest
 from slr_adapter_mini_swe_agent.adapter import MiniSweAgent, MiniSweAgentConfig
 
 from slr.contracts import Endpoint
-from slr.testing import ScaffoldAdapterTests
-from slr.testing.scripted_policy import Reply
+from slr_testkit import ScaffoldAdapterTests
+from slr_testkit.scripted_policy import Reply
 
 HELLO = "THOUGHT: write the file.\n\n```mswea_bash_command\nprintf 'hello\\n' > hello.txt\n```"
 SUBMIT = "THOUGHT: done.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"

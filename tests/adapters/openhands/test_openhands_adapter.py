@@ -6,8 +6,8 @@ import pytest
 from slr_adapter_openhands.adapter import OpenHands, OpenHandsConfig
 
 from slr.contracts import Endpoint
-from slr.testing import PrestartingAdapterTests, ScaffoldAdapterTests
-from slr.testing.scripted_policy import Reply, ToolCall
+from slr_testkit import PrestartingAdapterTests, ScaffoldAdapterTests
+from slr_testkit.scripted_policy import Reply, ToolCall
 
 
 class TestOpenHands(ScaffoldAdapterTests, PrestartingAdapterTests):

@@ -8,8 +8,8 @@ import pytest
 from slr_adapter_terminus.adapter import Terminus, TerminusConfig
 
 from slr.contracts import Endpoint
-from slr.testing import PrestartingAdapterTests, ScaffoldAdapterTests
-from slr.testing.scripted_policy import Reply
+from slr_testkit import PrestartingAdapterTests, ScaffoldAdapterTests
+from slr_testkit.scripted_policy import Reply
 
 
 def terminus_json(commands, complete):

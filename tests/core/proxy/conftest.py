@@ -33,7 +33,7 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def smol_tokenizer():
     """The real SmolLM2-135M-Instruct tokenizer (ChatML template, no native tool support)."""
-    from slr_engine_hf.tiny import tokenizer
+    from slr_testkit.tiny import tokenizer
 
     return tokenizer()
 
@@ -42,7 +42,8 @@ def smol_tokenizer():
 def tiny_engine(smol_tokenizer):
     """A tiny random qwen2 model, taught in the fixture to make the bash tool call."""
     from slr_engine_hf.engine import HfEngine
-    from slr_engine_hf.tiny import tiny_model
+
+    from slr_testkit.tiny import tiny_model
 
     model, tok = tiny_model(tok=smol_tokenizer, hidden=64, layers=2)
     loss = teach_completions(model, tok, tool_prompts(tok))

@@ -87,7 +87,7 @@ def tool_prompts(tok) -> list[tuple[list[int], str]]:
 def teach_completions(model, tok, examples, *, steps: int = 400, lr: float = 2e-2) -> float:
     """Train ``model`` to answer each prompt with its text (+ EOS), greedily.
 
-    Like ``slr_engine_hf.tiny.teach``, but the vocabulary projection runs only on the
+    Like ``slr_testkit.tiny.teach``, but the vocabulary projection runs only on the
     answer positions: ~10x less work on a busy 2-core machine.
     """
     import torch

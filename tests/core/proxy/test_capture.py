@@ -45,7 +45,8 @@ def plain_proxy(smol_tokenizer):
     """
     from proxy_support import RecordingEngine
     from slr_engine_hf.engine import HfEngine
-    from slr_engine_hf.tiny import tiny_model
+
+    from slr_testkit.tiny import tiny_model
 
     model, tok = tiny_model(tok=smol_tokenizer, seed=1)
     engine = RecordingEngine(HfEngine.from_model(model, tok))

@@ -30,7 +30,8 @@ OBSERVATION = "<returncode>0</returncode>\n<output>\n</output>"
 def echo_proxy(smol_tokenizer):
     from proxy_support import RecordingEngine
     from slr_engine_hf.engine import HfEngine
-    from slr_engine_hf.tiny import tiny_model
+
+    from slr_testkit.tiny import tiny_model
 
     model, tok = tiny_model(tok=smol_tokenizer, seed=3)
     engine = RecordingEngine(HfEngine.from_model(model, tok))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slr.testing.fidelity import markdown_table, replay, scenarios
+from slr_testkit.fidelity import markdown_table, replay, scenarios
 
 TEMPLATES = Path(__file__).parent / "templates"
 FAMILIES = ("chatml", "qwen3", "llama3")
@@ -29,7 +29,7 @@ SCAFFOLDS = [
 
 @pytest.fixture(scope="module")
 def matrix():
-    from slr_engine_hf.fidelity import close_all, matrix_engines
+    from slr_testkit.fidelity.engines import close_all, matrix_engines
 
     engines, score = matrix_engines(
         {

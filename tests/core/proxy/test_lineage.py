@@ -173,7 +173,8 @@ def small_proxy(smol_tokenizer):
     """An untaught tiny model behind its own proxy: replies are a few sampled tokens."""
     from proxy_support import RecordingEngine
     from slr_engine_hf.engine import HfEngine
-    from slr_engine_hf.tiny import tiny_model
+
+    from slr_testkit.tiny import tiny_model
 
     model, tok = tiny_model(tok=smol_tokenizer, seed=2)
     engine = RecordingEngine(HfEngine.from_model(model, tok))

@@ -25,7 +25,8 @@ LONG = 1500
 @pytest.fixture(scope="module")
 def engine(smol_tokenizer):
     from slr_engine_hf.engine import HfEngine
-    from slr_engine_hf.tiny import tiny_model
+
+    from slr_testkit.tiny import tiny_model
 
     model, tok = tiny_model(tok=smol_tokenizer, hidden=64, layers=2, seed=3)
     engine = HfEngine.from_model(model, tok)

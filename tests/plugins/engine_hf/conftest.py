@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 
-from slr.testing.logprobs import reference_logprobs as fp32_reference
+from slr_testkit import tiny
+from slr_testkit.logprobs import reference_logprobs as fp32_reference
 
 
 @pytest.fixture(scope="session")

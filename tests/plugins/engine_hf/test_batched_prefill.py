@@ -13,12 +13,12 @@ from concurrent.futures import Future
 
 import pytest
 import torch
-from slr_engine_hf import tiny
 from slr_engine_hf.attention import use_decode_attention
 from slr_engine_hf.engine import HfEngine
 from slr_engine_hf.scheduler import Request, Scheduler
 
 from slr.contracts import SamplingParams
+from slr_testkit import tiny
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from slr_engine_hf import tiny
 from slr_engine_hf.attention import NAME, DecodePlan, use_decode_attention
 from slr_engine_hf.batch import Batch
 from slr_engine_hf.prefill import prefill
+
+from slr_testkit import tiny
 
 pytestmark = pytest.mark.timeout(60)
 

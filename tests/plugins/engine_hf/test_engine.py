@@ -7,12 +7,12 @@ import copy
 
 import pytest
 import torch
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 
 from slr.contracts import ContextOverflow, EngineUnavailable, SamplingParams
 from slr.plugins import PluginManager
+from slr_testkit import tiny
 
 PROMPT = list(range(100, 130))
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from slr.testing import EngineTests
+from slr_testkit import EngineTests
 
 
 @pytest.mark.slow

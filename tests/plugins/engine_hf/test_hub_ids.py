@@ -16,12 +16,13 @@ from pathlib import Path
 
 import openai
 import pytest
-from slr_engine_hf import models, tiny
+from slr_engine_hf import models
 
 from slr.config import load_config
 from slr.contracts import SamplingParams
 from slr.errors import UsageError
 from slr.plugins import get_plugin_manager
+from slr_testkit import tiny
 
 SLR = str(Path(sys.executable).with_name("slr"))
 REPO = "Org/Tiny-Coder"

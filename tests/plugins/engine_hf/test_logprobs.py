@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from slr_engine_hf import tiny
 
 from slr.contracts import SamplingParams
+from slr_testkit import tiny
 
 QUESTIONS = [
     "Say hi.",

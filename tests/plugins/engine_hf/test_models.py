@@ -93,8 +93,9 @@ def _assert_smollm2_special_tokens(folder):
 def test_a_tokenizer_alone_converts_by_the_same_rules(tmp_path, monkeypatch):
     """Tests that need only the tokenizer get it without converting the weights, and with
     the same special tokens (this path once wrote transformers' wrong eos unchecked)."""
-    from slr_engine_hf.tiny import tokenizer
     from transformers import AutoTokenizer
+
+    from slr_testkit.tiny import tokenizer
 
     monkeypatch.setenv("SLR_CACHE_DIR", str(tmp_path))
     folder = models.ensure_tokenizer("smollm2-135m-instruct")

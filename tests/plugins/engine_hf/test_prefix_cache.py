@@ -10,12 +10,12 @@ import asyncio
 
 import pytest
 import torch
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 from slr_engine_hf.prefix_cache import RadixPrefixCache
 
 from slr.contracts import ForcedDecoding, SamplingParams
+from slr_testkit import tiny
 
 # -- the tree on its own ---------------------------------------------------------------------
 

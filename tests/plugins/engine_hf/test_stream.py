@@ -8,11 +8,11 @@ import copy
 
 import pytest
 import torch
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 
 from slr.contracts import SamplingParams, collect
+from slr_testkit import tiny
 
 PROMPT = list(range(100, 130))
 

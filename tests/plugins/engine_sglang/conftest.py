@@ -6,11 +6,12 @@ import asyncio
 
 import pytest
 import sglang_standin
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 from slr_engine_sglang.config import SglangEngineConfig
 from slr_engine_sglang.engine import SglangEngine
+
+from slr_testkit import tiny
 
 
 @pytest.fixture(scope="session")

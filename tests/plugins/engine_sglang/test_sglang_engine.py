@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import sglang_standin
 import torch
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 from slr_engine_sglang.config import SglangEngineConfig
@@ -38,8 +37,8 @@ from slr.contracts import ContextOverflow, Engine, EngineUnavailable, SamplingPa
 from slr.engines.balancer import LoadBalancer
 from slr.errors import UsageError
 from slr.plugins import PluginManager
-from slr.testing import EngineTests
-from slr.testing.logprobs import reference_logprobs as fp32_reference
+from slr_testkit import EngineTests, tiny
+from slr_testkit.logprobs import reference_logprobs as fp32_reference
 
 pytestmark = pytest.mark.timeout(120)
 

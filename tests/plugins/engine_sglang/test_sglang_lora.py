@@ -189,8 +189,9 @@ def test_launched_servers_get_sglangs_lora_flags():
 def test_replicas_share_one_adapter_folder_and_each_names_its_own_adapter(
     lora_standin, lora_model, base_state, tokenizer_dir, tmp_path
 ):
-    from slr_engine_hf import tiny
     from slr_engine_sglang.engine import start_engines
+
+    from slr_testkit import tiny
 
     model, tok = tiny.tiny_model(seed=3, max_context=256)  # the second server's own model
     backing = HfEngine.from_model(model, tok, HfEngineConfig(max_context=256))

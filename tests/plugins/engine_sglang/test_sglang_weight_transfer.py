@@ -22,7 +22,6 @@ import pytest
 import sglang_schema as schema
 import sglang_standin
 import torch
-from slr_engine_hf import tiny
 from slr_engine_sglang.config import SglangEngineConfig
 from slr_engine_sglang.engine import SglangEngine
 from test_sglang_engine import reference_logprobs
@@ -30,6 +29,7 @@ from test_sglang_engine import reference_logprobs
 from slr.contracts import EngineUnavailable, SamplingParams
 from slr.contracts.weights import buckets
 from slr.engines.server import ServerProcess, free_port
+from slr_testkit import tiny
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # a server process loads a model
 

@@ -26,7 +26,7 @@ from slr.errors import UsageError
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from slr_engine_hf import tiny
+    from slr_testkit import tiny
 
     folder = tmp_path_factory.mktemp("tok")
     tiny.tokenizer().save_pretrained(folder)

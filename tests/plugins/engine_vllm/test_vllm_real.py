@@ -27,8 +27,8 @@ from vllm_real_support import (
 
 from slr.contracts import ContextOverflow, SamplingParams
 from slr.contracts.engine import ChunkCollector
-from slr.testing import EngineTests
-from slr.testing.logprobs import max_abs_diff, pearson, reference_logprobs
+from slr_testkit import EngineTests
+from slr_testkit.logprobs import max_abs_diff, pearson, reference_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -24,7 +24,7 @@ from vllm_real_support import (
 from slr.contracts import SamplingParams
 from slr.contracts.weights import LoraSpec, WeightUpdate
 from slr.engines.lora import load_weights
-from slr.testing.logprobs import max_abs_diff, reference_logprobs
+from slr_testkit.logprobs import max_abs_diff, reference_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

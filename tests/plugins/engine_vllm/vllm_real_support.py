@@ -59,7 +59,7 @@ LOGPROB_TOLERANCE = 1e-3
 
 
 def prompt_of(engine, question: str) -> list[int]:
-    from slr_engine_hf import tiny
+    from slr_testkit import tiny
 
     return list(tiny.chat_prompt(engine.tokenizer, [{"role": "user", "content": question}]))
 

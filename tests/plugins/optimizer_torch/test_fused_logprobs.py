@@ -10,7 +10,6 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from slr_engine_hf import tiny
 from slr_optimizer_torch import packing
 from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.model import Scorer
@@ -21,6 +20,7 @@ from slr_optimizer_torch.testing import tiny_causal_lm, trial
 from slr.config import AlgorithmSection
 from slr.engines import lora as adapter_format
 from slr.errors import ConfigError
+from slr_testkit import tiny
 
 pytestmark = pytest.mark.timeout(60)
 

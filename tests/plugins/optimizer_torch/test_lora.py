@@ -13,7 +13,6 @@ import attrs
 import pytest
 import torch
 from slr_engine_hf.engine import HfEngine
-from slr_engine_hf.tiny import chat_prompt, save, tiny_model
 from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.optimizer import TorchOptimizer
 from slr_optimizer_torch.testing import trial
@@ -24,6 +23,7 @@ from slr.contracts.weights import WeightUpdate, is_lora, payload_bytes
 from slr.engines.lora import is_adapter_folder
 from slr.errors import ConfigError
 from slr.run import checkpoints
+from slr_testkit.tiny import chat_prompt, save, tiny_model
 
 TEMPERATURE = 0.8
 QUESTIONS = ["list the files", "print hello"]

@@ -14,13 +14,13 @@ import copy
 import attrs
 import pytest
 from slr_engine_hf.engine import HfEngine
-from slr_engine_hf.tiny import chat_prompt, tiny_model
 from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.optimizer import TorchOptimizer
 from slr_optimizer_torch.testing import trial
 
 from slr.config import AlgorithmSection
 from slr.contracts import SamplingParams
+from slr_testkit.tiny import chat_prompt, tiny_model
 
 TEMPERATURE = 0.8
 QUESTIONS = ["list the files", "print hello", "make a folder"]
@@ -117,7 +117,7 @@ def test_the_default_config_trains_the_model_the_engine_serves():
 
 def test_a_checkpoint_is_a_model_folder_the_engine_serves(tmp_path):
     """policy/ carries the tokenizer and chat template, so evaluation can load a checkpoint."""
-    from slr_engine_hf.tiny import save
+    from slr_testkit.tiny import save
 
     model, tok = tiny_model(seed=4)
     source = save(model, tok, tmp_path / "source")

@@ -18,7 +18,6 @@ import attrs
 import pytest
 import torch
 from slr_engine_hf.engine import HfEngine
-from slr_engine_hf.tiny import chat_prompt, tiny_model
 from slr_optimizer_torch import batch as batching
 from slr_optimizer_torch.config import TorchOptimizerConfig
 from slr_optimizer_torch.model import Scorer
@@ -27,6 +26,7 @@ from slr_optimizer_torch.testing import sample_trials, trial
 
 from slr.config import AlgorithmSection
 from slr.contracts import SamplingParams
+from slr_testkit.tiny import chat_prompt, tiny_model
 
 TEMPERATURE = 0.9
 MAX_TOKENS = 30

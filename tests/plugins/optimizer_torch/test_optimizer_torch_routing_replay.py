@@ -11,7 +11,6 @@ import copy
 
 import pytest
 import torch
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
 from slr_optimizer_torch.config import TorchOptimizerConfig
@@ -22,6 +21,7 @@ from slr_optimizer_torch.testing import tiny_causal_lm
 from slr.config import AlgorithmSection
 from slr.contracts import Reward, SamplingParams, Segment, Trajectory, TrialResult
 from slr.errors import ConfigError
+from slr_testkit import tiny
 
 pytestmark = pytest.mark.timeout(120)
 

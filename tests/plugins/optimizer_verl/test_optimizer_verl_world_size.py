@@ -32,7 +32,7 @@ HANG = 600
 
 @pytest.fixture(scope="module")
 def local_ray(ray_cluster):
-    """The session's simulated Ray cluster (``slr.testing``) with one more node that has room
+    """The session's simulated Ray cluster (``slr_testkit``) with one more node that has room
     for both ranks (2 CPUs): the ranks are packed on one node, and the cluster's own nodes
     have 1 CPU each. Yields that node's id; the node goes again after this module."""
     from slr.cluster.ray_runtime import LOOPBACK

@@ -25,8 +25,8 @@ from slr.plugins import get_plugin_manager
 from slr.rollout.trial import StandInSessions, run_trial, run_trials
 from slr.sandboxing.labels import OWNER_HOST, OWNER_PID, RUN, SANDBOX, TASK, TRIAL
 from slr.tasks import load_task
-from slr.testing import SandboxBackendTests
-from slr.testing.sandbox_probes import probe_connect
+from slr_testkit import SandboxBackendTests
+from slr_testkit.sandbox_probes import probe_connect
 
 pytestmark = pytest.mark.docker
 

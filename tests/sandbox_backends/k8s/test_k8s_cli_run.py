@@ -39,7 +39,7 @@ TRIALS = 2
 
 @pytest.fixture(scope="module")
 def tiny_policy(tmp_path_factory) -> Path:
-    from slr_engine_hf import tiny
+    from slr_testkit import tiny
 
     # Claude Code's first prompt is ~4.4k tokens: give the tiny model room for it.
     model, tok = tiny.tiny_model(hidden=32, layers=1, max_context=8192)

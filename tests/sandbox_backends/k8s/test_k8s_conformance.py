@@ -7,7 +7,7 @@ and loaded into the cluster's containerd.
 
 import pytest
 
-from slr.testing.conformance import SandboxBackendTests
+from slr_testkit.conformance import SandboxBackendTests
 
 pytestmark = pytest.mark.k8s
 

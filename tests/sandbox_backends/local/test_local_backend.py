@@ -18,7 +18,7 @@ from slr_backend_local import LocalBackendConfig
 from slr_backend_local.backend import OWNER_FILE, LocalBackend
 
 from slr.contracts import SandboxError
-from slr.testing import SandboxBackendTests
+from slr_testkit import SandboxBackendTests
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -10,7 +10,7 @@ import pytest
 from slr_backend_local import LocalBackendConfig
 from slr_backend_local.backend import LocalBackend
 
-from slr.testing import SandboxBackendTests
+from slr_testkit import SandboxBackendTests
 
 # ~25 s on a quiet 2-core machine once the base image is unpacked (~15 s more the first time)
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -19,11 +19,12 @@ machine's interface address everywhere a node or a driver announces itself, unle
 which it reads once, at import. ``stay_on_loopback`` applies the settings (to the
 environment of the Ray processes to come, and to this process's Ray if it is imported
 already); a local start calls it, and so does the test cluster
-(``slr.testing.ray_cluster``), so its head, its nodes and the driver stay on 127.0.0.1.
+(``slr_testkit.ray_cluster``), so its head, its nodes and the driver stay on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
@@ -46,6 +47,20 @@ def loopback_environment() -> dict[str, str]:
     """Environment settings under which every Ray process of this machine stays on
     127.0.0.1 and contacts nothing outside it (read by Ray at import)."""
     return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+#: How to install Ray, named by every refusal that needs it.
+CLUSTER_EXTRA = "pip install 'slr-core[cluster]'"
+
+
+def ray_installed() -> bool:
+    """Whether Ray can be imported here (without importing it: that takes a second)."""
+    if "ray" in sys.modules:
+        return sys.modules["ray"] is not None
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def check_address(value: str | None) -> str | None:
@@ -91,6 +106,8 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> Conne
     ``num_cpus`` sizes a local start (default: the machine's cores); ignored otherwise.
     """
     check_address(address)
+    if not ray_installed():
+        raise UsageError(f"Ray is not installed, and this needs it: {CLUSTER_EXTRA}")
     with _lock:
         if "ray" in sys.modules:
             import ray

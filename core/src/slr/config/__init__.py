@@ -18,7 +18,7 @@ import attrs
 import tomli_w
 from attrs import frozen, validators
 
-from slr.cluster.ray_runtime import check_address
+from slr.cluster.ray_runtime import CLUSTER_EXTRA, check_address, ray_installed
 from slr.config.structure import option, structure, unstructure
 from slr.errors import ConfigError, UsageError
 
@@ -125,6 +125,19 @@ class RunSection:
         "object store. Unset: the optimizer runs in the driver process.",
         validator=validators.optional(_resources),
     )
+
+    def ray_settings(self) -> list[str]:
+        """The settings of this section that put parts of the run on Ray (empty: none do)."""
+        asked = []
+        if self.ray_address is not None:
+            asked.append(f"ray_address = {self.ray_address!r}")
+        if self.engine_replicas >= 1:
+            asked.append(f"engine_replicas = {self.engine_replicas}")
+        if self.rollout_workers >= 1:
+            asked.append(f"rollout_workers = {self.rollout_workers}")
+        if self.trainer_resources is not None:
+            asked.append(f"trainer_resources = {self.trainer_resources!r}")
+        return asked
 
 
 @frozen(kw_only=True)
@@ -512,6 +525,12 @@ def load_config(
                 f"unknown config section {key!r}.{hint} Sections: {', '.join(allowed)}"
             )
     base = structure(core, _CoreOnly, path="")
+    on_ray = base.run.ray_settings()
+    if on_ray and not ray_installed():
+        raise ConfigError(
+            f"[run] {', '.join(on_ray)} places parts of the run on Ray, which is not "
+            f"installed: {CLUSTER_EXTRA}, or remove those settings to run in one process"
+        )
     for logger in base.run.loggers:
         plugins.get("logger", logger)  # an unknown logger fails here, with what is installed
     choices = {}

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-
 from slr_engine_hf.config import DEFAULT_MODEL
 from slr_engine_hf.models import MARKER, ensure_tokenizer
 

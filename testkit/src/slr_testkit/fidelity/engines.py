@@ -1,4 +1,4 @@
-"""The embedded engine's side of the fidelity matrix (``slr.testing.fidelity``).
+"""The embedded engine's side of the fidelity matrix (``slr_testkit.fidelity``).
 
 One tiny random fp32 model over SmolLM2's tokenizer extended with every family's tokens,
 served by one ``HfEngine`` per chat-template family, and the trainer's scoring function: a
@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from slr.testing.fidelity import family_tokenizers
-from slr_engine_hf import tiny
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
+
+from slr_testkit import tiny
+from slr_testkit.fidelity import family_tokenizers
 
 
 def matrix_engines(

@@ -1,4 +1,4 @@
-"""pytest fixtures shipped with slr-core (registered through the ``pytest11`` entry point)."""
+"""pytest fixtures of the test kit (registered through its ``pytest11`` entry point)."""
 
 from __future__ import annotations
 
@@ -77,12 +77,12 @@ def sandbox_factory(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A Ray cluster simulated on this machine (``slr.testing.ray_cluster``): a head plus two
+    """A Ray cluster simulated on this machine (``slr_testkit.ray_cluster``): a head plus two
     ``engine`` nodes (1 CPU and resource ``engine = 1`` each) and a ``sandbox`` node (1 CPU,
     ``sandbox = 2``), all on 127.0.0.1, with this process connected. One per test session:
     it takes seconds to start. Yields a ``SimulatedCluster`` (``address``, ``nodes``,
     ``node_ids(role)``)."""
-    from slr.testing.ray_cluster import simulated_cluster
+    from slr_testkit.ray_cluster import simulated_cluster
 
     with simulated_cluster() as cluster:
         yield cluster

@@ -35,7 +35,7 @@ from slr.contracts import (
 )
 from slr.rollout.trial import StandInSessions, new_trial_id, run_trial, run_trials
 from slr.sandboxing.pool import PooledSandbox
-from slr.testing.sandbox_probes import (
+from slr_testkit.sandbox_probes import (
     HTTP_PROBE,
     INTERFACES,
     PROXY_REPLY,
@@ -46,7 +46,7 @@ from slr.testing.sandbox_probes import (
     probe_connect,
     stand_in_proxy,
 )
-from slr.testing.scripted_policy import Recorded, ScriptedPolicyStub
+from slr_testkit.scripted_policy import Recorded, ScriptedPolicyStub
 
 
 def _run(coro):

@@ -5,7 +5,7 @@ under each chat-template family and checks the capture (``replay``'s docstring l
 checks); ``markdown_table`` renders the result (docs/proxy.md holds the generated table).
 """
 
-from slr.testing.fidelity.replay import (
+from slr_testkit.fidelity.replay import (
     CellResult,
     ForcedReplayEngine,
     family_tokenizers,
@@ -13,7 +13,7 @@ from slr.testing.fidelity.replay import (
     replay,
     run_matrix,
 )
-from slr.testing.fidelity.scenarios import Call, Conversation, Reply, Scenario, scenarios
+from slr_testkit.fidelity.scenarios import Call, Conversation, Reply, Scenario, scenarios
 
 __all__ = [
     "Call",

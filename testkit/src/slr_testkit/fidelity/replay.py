@@ -30,7 +30,7 @@ from attrs import define, field
 from slr.contracts import ForcedDecoding, Generation, GenerationChunk, SamplingParams, Trajectory
 from slr.proxy.messages import Message, ToolCall
 from slr.proxy.render import Renderer
-from slr.testing.fidelity.scenarios import Call, Reply, Scenario
+from slr_testkit.fidelity.scenarios import Call, Reply, Scenario
 
 #: Tokens a family's chat template needs beyond SmolLM2's own (``<|im_start|>`` /
 #: ``<|im_end|>``): the Llama-3 headers are special tokens; Qwen3's markup is plain added
