@@ -380,7 +380,7 @@ def make_plugin(kind: str, name: str, options: tuple[str, ...] = ()) -> Any:
     from slr.config.structure import structure
 
     reg = get_plugin_manager().get(kind, name)
-    raw: dict[str, Any] = {}
+    raw: dict[str, object] = {}
     for item in options:
         keys, value = parse_set(item)
         raw[".".join(keys)] = value

@@ -8,10 +8,9 @@ the caller built (``slr.plugins.make_plugin``). The backend is closed when the t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from slr.agents.model_free import NopAgent, OracleAgent
-from slr.contracts import SandboxBackend, TrialResult, Verifier
+from slr.contracts import AgentAdapter, SandboxBackend, TrialResult, Verifier
 from slr.rollout.trial import StandInSessions, run_trial, run_trials
 from slr.tasks import Task
 
@@ -26,7 +25,7 @@ async def run_task_check(
 ) -> list[TrialResult]:
     """``repeats`` trials of every task with ``oracle`` and with ``nop`` (each result's
     ``agent`` names which), at most ``concurrency`` at once, results in task order."""
-    agents: dict[str, Any] = {"oracle": OracleAgent(), "nop": NopAgent()}
+    agents: dict[str, AgentAdapter] = {"oracle": OracleAgent(), "nop": NopAgent()}
     await backend.cleanup_orphans()
     sessions = StandInSessions()
     jobs = [
