@@ -1,7 +1,7 @@
 """``slr check-tasks``: run tasks end to end with the oracle and nop agents (no model).
 
-The agents are the core's own (``slr.agents.model_free``); ``slr eval`` runs them too, and
-agents that call the policy."""
+The agents are the core's own (``slr.agents.model_free``), run by
+``slr.rollout.task_check``; ``slr eval`` runs them too, and agents that call the policy."""
 
 from __future__ import annotations
 
@@ -9,34 +9,15 @@ import asyncio
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from slr.agents.model_free import NopAgent, OracleAgent
-from slr.config import parse_set
-from slr.config.structure import structure
 from slr.contracts import TrialResult, to_dict
-from slr.errors import UsageError
-from slr.plugins import get_plugin_manager
-from slr.rollout.trial import StandInSessions, run_trial, run_trials
+from slr.plugins import make_plugin
+from slr.rollout.task_check import run_task_check
 from slr.tasks import load_tasks
-
-
-def make_plugin(kind: str, name: str, options: tuple[str, ...] = ()) -> Any:
-    """An instance of plugin ``name`` with its config class's defaults plus ``KEY=VALUE``s."""
-    reg = get_plugin_manager().get(kind, name)
-    raw: dict[str, Any] = {}
-    for item in options:
-        keys, value = parse_set(item)
-        raw[".".join(keys)] = value
-    if reg.config_cls is None:
-        if raw:
-            raise UsageError(f"{kind} {name!r} takes no options, got {', '.join(raw)}")
-        return reg.create()
-    return reg.create(structure(raw, reg.config_cls, path=name))
 
 
 def _common(fn):
@@ -65,30 +46,6 @@ def _common(fn):
     return fn
 
 
-async def _run_all(tasks, agents: dict[str, Any], k: int, backend, verifier, concurrency):
-    await backend.cleanup_orphans()
-    sessions = StandInSessions()
-    jobs = [
-        (
-            lambda t=t, a=a, name=name: run_trial(
-                t,
-                backend=backend,
-                agent=a,
-                verifier=verifier,
-                session_factory=sessions,
-                agent_name=name,
-            )
-        )
-        for t in tasks
-        for name, a in agents.items()
-        for _ in range(k)
-    ]
-    try:
-        return await run_trials(jobs, concurrency=concurrency)
-    finally:
-        await backend.close()
-
-
 def _cell(results: list[TrialResult]) -> str:
     parts = []
     for r in results:
@@ -114,13 +71,12 @@ def check_tasks(paths, backend, backend_opts, verifier, concurrency, as_json) ->
     """
     tasks = [t for p in paths for t in load_tasks(p)]
     results = asyncio.run(
-        _run_all(
+        run_task_check(
             tasks,
-            {"oracle": OracleAgent(), "nop": NopAgent()},
-            1,
-            make_plugin("sandbox_backend", backend, backend_opts),
-            make_plugin("verifier", verifier),
-            concurrency,
+            repeats=1,
+            backend=make_plugin("sandbox_backend", backend, backend_opts),
+            verifier=make_plugin("verifier", verifier),
+            concurrency=concurrency,
         )
     )
     by: dict[tuple[str, str], list[TrialResult]] = defaultdict(list)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from slr.config.cli import config_options, resolve_config
 from slr.config.docs import render_reference
-from slr_cli.options import config_options, resolve_config
 
 
 @click.group()

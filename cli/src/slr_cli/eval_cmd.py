@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from slr.config import EVAL_PLUGINS
+from slr.config.cli import config_options, harbor_options, harbor_sets, resolve_config
 from slr.errors import UsageError
+from slr.preflight.gate import gate, skip_preflight_option
 from slr.run.directory import RunDir
-from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
-from slr_cli.preflight_cmd import gate, skip_preflight_option
 
 
 def _run_config(checkpoint: Path) -> Path | None:

@@ -1,4 +1,5 @@
-"""``slr preflight``, and the gate ``slr run`` / ``slr eval`` pass before any work."""
+"""``slr preflight``: one line per check (the gate ``slr run`` / ``slr eval`` pass before any
+work is ``slr.preflight.gate``)."""
 
 from __future__ import annotations
 
@@ -8,44 +9,11 @@ from pathlib import Path
 import click
 
 from slr.config import EVAL_PLUGINS
+from slr.config.cli import config_options, resolve_config
 from slr.errors import SlrError
 from slr.plugins import get_plugin_manager
-from slr.preflight import Line, Purpose, require, run_preflight
-from slr_cli.options import config_options, resolve_config
-
-_COLOURS = {"pass": "green", "warn": "yellow", "fatal": "red"}
-
-
-def _echo(line: Line, *, err: bool = False) -> None:
-    text = line.text()
-    status = line.result.status
-    click.echo(click.style(text[:5], fg=_COLOURS[status]) + text[5:], err=err)
-
-
-def gate(config, *, purpose: Purpose, skip: bool, checkpoint: Path | None = None) -> None:
-    """Run the preflight before ``purpose``: warnings and fatals are printed (stderr), and
-    a fatal stops the command before an engine or a sandbox starts. ``checkpoint``: the one
-    an eval serves, checked against the settings its run trained with."""
-    if skip:
-        return
-    report = run_preflight(
-        config,
-        get_plugin_manager(),
-        purpose=purpose,
-        checkpoint=checkpoint,
-        on_line=lambda line: _echo(line, err=True) if line.result.status != "pass" else None,
-    )
-    click.echo(report.summary(), err=True)
-    require(report, shown=True)
-
-
-def skip_preflight_option(fn):
-    return click.option(
-        "--skip-preflight",
-        is_flag=True,
-        hidden=True,
-        help="Do not run the preflight checks (for tests only).",
-    )(fn)
+from slr.preflight import Line, run_preflight
+from slr.preflight.gate import echo_line
 
 
 @click.command()
@@ -124,7 +92,7 @@ def preflight(
             record.update({"message": r.message, "fix": r.fix, "doc": r.doc})
             click.echo(json.dumps(record))
         else:
-            _echo(line)
+            echo_line(line)
 
     report = run_preflight(
         cfg,

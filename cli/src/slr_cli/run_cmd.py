@@ -8,11 +8,11 @@ from pathlib import Path
 import click
 
 from slr.config import load_config
+from slr.config.cli import config_options, harbor_options, harbor_sets, resolve_config
 from slr.errors import UsageError
 from slr.plugins import get_plugin_manager
+from slr.preflight.gate import gate, skip_preflight_option
 from slr.run.directory import RunDir
-from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
-from slr_cli.preflight_cmd import gate, skip_preflight_option
 
 
 @click.command()

@@ -9,12 +9,12 @@ import signal
 import click
 
 from slr.cluster.engines import build_engine
+from slr.config.cli import config_options, resolve_config
 from slr.plugins import get_plugin_manager
 from slr.proxy.server import is_loopback
 from slr.rollout.recorder import TrialRecorder
 from slr.run.directory import RunDir
 from slr.run.lifecycle import RunLifecycle
-from slr_cli.options import config_options, resolve_config
 
 
 @click.command()

@@ -27,7 +27,7 @@ from attrs import field, frozen
 
 from slr import hookspecs
 from slr import log as slr_log
-from slr.errors import PluginError, UnknownPluginError
+from slr.errors import PluginError, UnknownPluginError, UsageError
 
 if TYPE_CHECKING:
     from slr.config import Config
@@ -371,6 +371,24 @@ def get_plugin_manager() -> PluginManager:
     if _manager is None:
         _manager = PluginManager()
     return _manager
+
+
+def make_plugin(kind: str, name: str, options: tuple[str, ...] = ()) -> Any:
+    """An instance of plugin ``name`` with its config class's defaults plus ``KEY=VALUE``s:
+    a part built outside a run config (``slr check-tasks``, ``slr data validate``)."""
+    from slr.config import parse_set
+    from slr.config.structure import structure
+
+    reg = get_plugin_manager().get(kind, name)
+    raw: dict[str, object] = {}
+    for item in options:
+        keys, value = parse_set(item)
+        raw[".".join(keys)] = value
+    if reg.config_cls is None:
+        if raw:
+            raise UsageError(f"{kind} {name!r} takes no options, got {', '.join(raw)}")
+        return reg.create()
+    return reg.create(structure(raw, reg.config_cls, path=name))
 
 
 def set_plugin_manager(manager: PluginManager | None) -> None:

@@ -32,7 +32,7 @@ def data() -> None:
 
 
 def _backend(name: str, opts: tuple[str, ...]):
-    from slr_cli.check_tasks_cmd import make_plugin
+    from slr.plugins import make_plugin
 
     return make_plugin("sandbox_backend", name, opts)
 

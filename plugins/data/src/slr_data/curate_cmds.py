@@ -13,12 +13,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from slr.agents.model_free import NopAgent, OracleAgent
 from slr.config import EVAL_PLUGINS
+from slr.config.cli import config_options, resolve_config
 from slr.errors import UsageError
+from slr.preflight.gate import gate, skip_preflight_option
 from slr.tasks import Task, load_tasks
-from slr_cli.options import config_options, resolve_config
-from slr_cli.preflight_cmd import gate, skip_preflight_option
 
 VALIDATION = "validation.json"
 
@@ -72,17 +71,17 @@ def validate(paths, repeats, backend, backend_opts, verifier, concurrency, outpu
 
     Exits 1 when any task is not ok.
     """
-    from slr_cli.check_tasks_cmd import _run_all, make_plugin
+    from slr.plugins import make_plugin
+    from slr.rollout.task_check import run_task_check
 
     tasks = [t for p in paths for t in load_tasks(p)]
     results = asyncio.run(
-        _run_all(
+        run_task_check(
             tasks,
-            {"oracle": OracleAgent(), "nop": NopAgent()},
-            repeats,
-            make_plugin("sandbox_backend", backend, backend_opts),
-            make_plugin("verifier", verifier),
-            concurrency,
+            repeats=repeats,
+            backend=make_plugin("sandbox_backend", backend, backend_opts),
+            verifier=make_plugin("verifier", verifier),
+            concurrency=concurrency,
         )
     )
     by: dict[tuple[str, str], list[Any]] = defaultdict(list)

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from slr.config import EVAL_PLUGINS
+from slr.config.cli import config_options, harbor_options, harbor_sets, resolve_config
 from slr.errors import UsageError
-from slr_cli.options import config_options, harbor_options, harbor_sets, resolve_config
-from slr_cli.preflight_cmd import gate, skip_preflight_option
+from slr.preflight.gate import gate, skip_preflight_option
 
 __all__ = ["infer"]
 

@@ -1,4 +1,9 @@
-"""Options shared by every command that resolves a run config."""
+"""The click options every command that resolves a run config shares.
+
+``slr run``, ``slr eval``, ``slr preflight`` and plugin commands (``slr infer``,
+``slr data filter``) read ``-c/--config``, the plugin choices, ``--set`` and Harbor's run
+options the same way; they live in the core so that a plugin's command needs no CLI import.
+"""
 
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ def config_options(fn):
 def resolve_config(
     config_path, agent, backend, engine, optimizer, verifier, sets, *, only_plugins=None
 ) -> Config:
+    """The run config ``config_options``' values stand for."""
     return load_config(
         config_path,
         plugins=get_plugin_manager(),
