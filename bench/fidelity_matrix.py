@@ -9,7 +9,7 @@ fp32 model. Per cell: calls, segments captured and the minimum the template allo
 policy tokens, and the largest difference between a policy token's recorded behaviour
 log-prob and a forward pass over its segment. ``--write-docs`` replaces the table in
 docs/proxy.md (between its ``fidelity-matrix`` markers). The same cells are asserted in
-tests/core/proxy/test_fidelity_matrix.py.
+core/tests/proxy/test_fidelity_matrix.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SGLang weight updates by route, side by side in one run: disk, distributed (gloo), tensor.
 
-One SGLang STAND-IN process (``tests/plugins/engine_sglang/sglang_standin.py``: SGLang's
+One SGLang STAND-IN process (``plugins/engine-sglang/tests/sglang_standin.py``: SGLang's
 weight endpoints for real, an hf model behind them; SGLang itself needs a GPU) serves a
 random model; one engine per route pushes the same perturbed state dict ``--repeats``
 times, and the time of each ``update_weights`` is reported (median), with the bytes moved

@@ -1,6 +1,6 @@
 """The services the suite's marked tests need, waited for until they can do the work.
 
-One session fixture per service, and ``tests/conftest.py`` puts it in front of every test
+One session fixture per service, and ``conftest.py`` puts it in front of every test
 carrying the service's marker, so a test never runs before its service is usable, whatever
 order pytest-xdist hands the files out in:
 
@@ -278,5 +278,5 @@ def docker_daemon():
     client.close()
 
 
-# The fixture every test with the marker gets first (tests/conftest.py).
+# The fixture every test with the marker gets first (conftest.py).
 BY_MARKER = {"k8s": "k8s_cluster", "docker": "docker_daemon"}

@@ -1,6 +1,6 @@
 """Each sandbox backend's own preflight checks, tripped and passed on this machine: the
 docker daemon, bubblewrap for the local backend, the k8s credentials and containerd socket
-(the cluster itself: tests/sandbox_backends/k8s/test_k8s_preflight.py)."""
+(the cluster itself: sandbox_backends/k8s/tests/test_k8s_preflight.py)."""
 
 from __future__ import annotations
 

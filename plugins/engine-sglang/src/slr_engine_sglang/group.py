@@ -14,7 +14,7 @@ stand-in as the server's workers) call ``join_group``, which takes SGLang's step
 0, in that order (``send_bucket`` / ``receive_bucket``).
 
 torch's group constructor is private API (``_new_process_group_helper``), as it is in
-SGLang: a torch upgrade that moves it shows up in ``tests/plugins/engine_sglang``.
+SGLang: a torch upgrade that moves it shows up in ``plugins/engine-sglang/tests``.
 """
 
 from __future__ import annotations
