@@ -21,7 +21,6 @@ hold little). ``run_fuzz`` is also what ``tests/security/test_hostile_input.py``
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
@@ -32,16 +31,10 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from harness import Output, parser, rss_mb
+
 WORKERS = 4
 LOGGERS = ("uvicorn.error", "asyncio")
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 # -- what to send ------------------------------------------------------------------------------
@@ -472,12 +465,12 @@ def _slow_loop(port, token, headers_only, limit, stop) -> list[tuple[bool, float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--n", type=int, default=10_000, help="attacks to send")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--slow-clients", type=int, default=6)
-    ap.add_argument("--json", action="store_true", help="print one JSON object only")
     args = ap.parse_args()
+    out = Output(args)
 
     import asyncio
     import sys
@@ -486,7 +479,7 @@ def main() -> None:
 
     from slr.log import configure
 
-    configure(level="warning", stream=sys.stderr)  # stdout is the figures
+    configure(level="warning", stream=sys.stderr)  # stdout is the table or the JSON
     from slr_engine_hf.engine import HfEngine
     from slr_engine_hf.tiny import tiny_model, tokenizer
 
@@ -504,9 +497,6 @@ def main() -> None:
     with ProxyThread(proxy):
         figures = run_fuzz(proxy, n=args.n, seed=args.seed, slow_clients=args.slow_clients)
     asyncio.run(engine.close())
-    if args.json:
-        print(json.dumps(figures))
-        return
     good = figures["good_session"]
     rows = [
         ("requests", figures["requests"], ""),
@@ -520,12 +510,10 @@ def main() -> None:
          f"recorded exactly: {good['recorded_exactly']}"),
         ("RSS growth (MB)", figures["rss_growth_mb"], f"{figures['rss_mb_after_warmup']} -> {figures['rss_mb_end']}"),
     ]  # fmt: skip
-    for name, value, note in rows:
-        print(f"{name:<24} {value!s:>14}  {note}")
-    print("statuses:", figures["statuses"])
-    for kind, counts in figures["by_kind"].items():
-        print(f"  {kind:<24} {counts}")
-    print(json.dumps(figures))
+    out.table([("figure", "<"), ("value", ">"), ("note", "<")], rows)
+    out.print("statuses:", figures["statuses"])
+    out.table([("kind", "<"), ("statuses", "<")], figures["by_kind"].items())
+    out.result(figures)
 
 
 if __name__ == "__main__":
