@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -81,7 +82,13 @@ class Output:
     table and notes on stdout and no JSON.
     """
 
-    def __init__(self, args: argparse.Namespace | None = None) -> None:
+    def __init__(
+        self, args: argparse.Namespace | None = None, *, stdout: TextIO | None = None
+    ) -> None:
+        """``stdout``: where the result goes instead of ``sys.stdout``, for a bench whose
+        libraries print on file descriptor 1 (it keeps a duplicate of it, then points 1 at 2).
+        """
+        self.stdout = stdout
         self.json = getattr(args, "json", False) is True
         #: a ``--json PATH`` bench: it prints its JSON line with or without PATH
         self.keeps = args is not None and hasattr(args, "json_path")
@@ -90,10 +97,15 @@ class Output:
     @property
     def file(self) -> TextIO:
         """The human-readable stream: stderr when stdout is the JSON object's."""
-        return sys.stderr if self.json else sys.stdout
+        return sys.stderr if self.json else self.stdout or sys.stdout
 
     def print(self, *parts: object, end: str = "\n") -> None:
         print(*parts, end=end, file=self.file, flush=True)
+
+    def progress(self, *parts: object) -> None:
+        """A note while the bench runs (a row of a mode that took minutes): always on
+        stderr, so that stdout holds the result alone."""
+        print(*parts, file=sys.stderr, flush=True)
 
     def table(
         self, columns: Sequence[Column], rows: Iterable[Sequence[object]], *, title: str = ""
@@ -105,7 +117,7 @@ class Output:
     ) -> None:
         """The bench's one JSON object (``default`` as in ``json.dumps``)."""
         if self.json or self.keeps:
-            print(json.dumps(obj, default=default), flush=True)
+            print(json.dumps(obj, default=default), file=self.stdout or sys.stdout, flush=True)
         if self.json_path is not None:
             Path(self.json_path).write_text(json.dumps(obj, indent=2, default=default) + "\n")
 
@@ -176,22 +188,22 @@ def timed(fn: Callable[[], T], *, sync: Callable[[], object] | None = None) -> t
     return out, time.perf_counter() - t0
 
 
-def median_s(
-    fn: Callable[[], object],
+def median_timed(
+    fn: Callable[[], T],
     *,
     repeats: int,
-    warmup: int = 1,
+    warmup: int = 0,
     sync: Callable[[], object] | None = None,
-) -> float:
-    """The median wall time of ``fn()`` in seconds over ``repeats`` calls, after ``warmup``
-    untimed ones (first calls pay one-off allocations)."""
+) -> tuple[T, float]:
+    """``fn()`` ``repeats`` times after ``warmup`` untimed calls (first calls pay one-off
+    allocations): the last result, and the median wall time in seconds (``sync`` as in
+    ``timed``)."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats}: time at least one call")
     for _ in range(warmup):
         fn()
-    times = sorted(timed(fn, sync=sync)[1] for _ in range(repeats))
-    mid = len(times) // 2
-    return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+    runs = [timed(fn, sync=sync) for _ in range(repeats)]
+    return runs[-1][0], statistics.median(s for _, s in runs)
 
 
 # -- memory --------------------------------------------------------------------------------
