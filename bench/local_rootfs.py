@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Literal
 
 import harness
 
@@ -36,6 +37,12 @@ from slr.tasks import load_task
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "examples" / "tasks" / "hello-world"
 MODES = ("local host", "local image overlay", "local image copy", "docker")
+#: the local modes' ``[backend]`` rootfs and root_copy
+LAYOUTS: dict[str, tuple[Literal["host", "image"], Literal["auto", "overlay", "copy"]]] = {
+    "local host": ("host", "auto"),
+    "local image overlay": ("image", "overlay"),
+    "local image copy": ("image", "copy"),
+}
 
 
 def _backend(mode: str, scratch: Path, images_dir: Path):
@@ -44,8 +51,7 @@ def _backend(mode: str, scratch: Path, images_dir: Path):
     from slr_backend_local import LocalBackendConfig
     from slr_backend_local.backend import LocalBackend
 
-    kind = mode.split()[1]
-    copy = mode.split()[2] if kind == "image" else "auto"
+    kind, copy = LAYOUTS[mode]
     return LocalBackend(
         LocalBackendConfig(
             isolation="bubblewrap",

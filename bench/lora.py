@@ -22,8 +22,12 @@ import json
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING, cast
 
 import harness
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 VARIANTS = ("full", "lora")
 
@@ -81,7 +85,9 @@ def run_variant(args: argparse.Namespace) -> dict:
         micro_batch_tokens=args.micro_batch_tokens,
     )
     model = (
-        tiny_causal_lm(vocab_size=512, hidden_size=128, layers=4) if args.model == "tiny" else None
+        cast("PreTrainedModel", tiny_causal_lm(vocab_size=512, hidden_size=128, layers=4))
+        if args.model == "tiny"
+        else None
     )
     opt = TorchOptimizer(options, algorithm=AlgorithmSection(), temperature=1.0, model=model)
     vocab = int(opt.model.config.vocab_size)

@@ -28,10 +28,14 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import Output, parser, rss_mb
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 WORKERS = 4
 LOGGERS = ("uvicorn.error", "asyncio")
@@ -40,8 +44,12 @@ LOGGERS = ("uvicorn.error", "asyncio")
 # -- what to send ------------------------------------------------------------------------------
 
 
-def _http(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
-    head = {"host": "127.0.0.1", "content-type": "application/json", "connection": "close"}
+def _http(path: str, body: bytes, headers: Mapping[str, str | None] | None = None) -> bytes:
+    head: dict[str, str | None] = {
+        "host": "127.0.0.1",
+        "content-type": "application/json",
+        "connection": "close",
+    }
     head.update(headers or {})
     if "transfer-encoding" not in head:
         head.setdefault("content-length", str(len(body)))
@@ -86,7 +94,7 @@ def _schema_bodies(n: int, seed: int) -> list[tuple[str, dict]]:
             "boolean": st.booleans(),
             "null": st.none(),
         }
-        return simple.get(kind, anything)
+        return simple.get(str(kind), anything)
 
     def bodies(cls, path: str, roles: tuple[str, ...]) -> Any:
         schema = msgspec.json.schema(cls)
@@ -114,7 +122,7 @@ def _schema_bodies(n: int, seed: int) -> list[tuple[str, dict]]:
         database=None,
         deadline=None,
         phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
+        suppress_health_check=list(HealthCheck.__members__.values()),
     )
     @given(every)
     def collect(item):
@@ -345,7 +353,7 @@ def good_session(proxy, stop: threading.Event, out: dict) -> None:
 
     session = proxy.open_session("well-behaved")
     client = openai.OpenAI(base_url=session.openai_base_url, api_key=session.token, max_retries=0)
-    messages: list[dict] = []
+    messages: list[ChatCompletionMessageParam] = []
     ok, failed, completion = 0, [], 0
     while not stop.is_set() or ok < 3:
         if len(messages) >= 12:  # a fresh conversation before the context fills
