@@ -30,10 +30,6 @@ from pathlib import Path
 import harness
 
 
-def rss_mb(pids: list[int]) -> float:
-    return sum(harness.rss_mb(pid) for pid in pids)
-
-
 def children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout
     parent = {int(a): int(b) for a, b in (line.split() for line in out.splitlines())}
@@ -57,12 +53,12 @@ def one_run() -> dict:
     from slr.plugins import get_plugin_manager
 
     me = os.getpid()
-    rss0 = rss_mb([me])
+    rss0 = harness.rss_mb(me)
     t = time.perf_counter()
     connection = ray_runtime.connect("local")
     ray.get(ray.remote(lambda: 1).remote())
     ray_s = time.perf_counter() - t
-    ray_rss = rss_mb(children(me)) + rss_mb([me]) - rss0
+    ray_rss = sum(harness.rss_mb(pid) for pid in [*children(me), me]) - rss0
 
     config = load_config(
         data={"run": {"engine_replicas": 1}, "engine": {"name": "hf", "threads": 1}},

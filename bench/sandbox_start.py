@@ -3,6 +3,7 @@
     .venv/bin/python bench/sandbox_start.py               # docker (needs dockerd + base image)
     .venv/bin/python bench/sandbox_start.py --backend local --backend docker
     eval "$(scripts/k8s-up)"; .venv/bin/python bench/sandbox_start.py --backend k8s
+    .venv/bin/python bench/sandbox_start.py --backend local --json  # one JSON object
 
 1. start -> first exec with a cached image (``backend.start`` + ``exec("true")``), against a
    bare ``docker run --rm IMAGE true`` of the same image, interleaved, medians compared.

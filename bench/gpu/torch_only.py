@@ -100,7 +100,7 @@ def compare(rollout: list[float], trainer: list[float]) -> dict[str, float]:
     }
 
 
-def timed(fn, device: torch.device, repeats: int) -> float:
+def median_ms(fn, device: torch.device, repeats: int) -> float:
     """Median milliseconds of ``fn()`` over ``repeats`` runs (after one warm-up)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     return harness.median_timed(fn, repeats=repeats, warmup=1, sync=sync)[1] * 1000
@@ -166,7 +166,7 @@ def part_a(device: torch.device, *, quick: bool) -> dict:
         loss.backward()
         optim.step()
 
-    step_ms = timed(train_step, device, 2 if quick else 20)
+    step_ms = median_ms(train_step, device, 2 if quick else 20)
     return {
         "tokens_compared": len(rollout_lp),
         "rollout_bf16_vs_trainer_fp32": compare(rollout_lp, fp32),

@@ -170,3 +170,25 @@ def test_rss_is_this_process_and_its_peak_sees_an_allocation():
     assert harness.rss_mb(peak=True) >= now + 150
     del block
     assert harness.rss_mb(2**22 + 12345) == 0.0  # no such process
+
+
+def _bench_scripts() -> list[Path]:
+    return sorted(
+        p for p in [*BENCH.glob("*.py"), *BENCH.glob("gpu/*.py")] if p.name != "harness.py"
+    )
+
+
+def test_no_bench_keeps_its_own_copy_of_what_the_harness_holds():
+    # one home per concern: a bench takes --json, the clock and memory figures from harness
+    own = {
+        r'add_argument\(\s*"--json"': "--json (harness.parser)",
+        r"^def (rss_mb|timed|median_timed)\(": "a clock or memory helper (harness)",
+        r"/proc/(self|\{pid\})/status": "reads /proc/PID/status (harness.rss_mb)",
+    }
+    found = [
+        f"{path.relative_to(BENCH.parent)}: {what}"
+        for path in _bench_scripts()
+        for pattern, what in own.items()
+        if re.search(pattern, path.read_text(), re.MULTILINE)
+    ]
+    assert not found, found
