@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
+
 from slr import log as slr_log
 from slr.config import load_config
 from slr.plugins import get_plugin_manager
@@ -228,7 +230,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap = harness.parser(__doc__, json_path=True)
     ap.add_argument("--quick", action="store_true", help="tiny model + oracle agent")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 10; quick 8)")
     ap.add_argument("--max-staleness", type=int, default=1)
@@ -250,8 +252,8 @@ def main() -> None:
         default="hf",
         help="rollout engine: the embedded hf engine, or the real vLLM server (scripts/setup-vllm)",
     )
-    ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args()
+    out = harness.Output(args)
     # quick: 8 steps, since with max_staleness = 1 the async loop overlaps at most two
     # steps, and over 4 its pipeline is mostly filling and draining
     args.steps = args.steps or (8 if args.quick else 10)
@@ -274,36 +276,62 @@ def main() -> None:
             for seed in args.seeds:
                 for mode in args.modes:
                     rows.append(one(args, name, tasks, mode, work, quick=args.quick, seed=seed))
-    print(f"rollout engine: {args.engine}")
-    print(
-        f"{'set':<11} {'mode':<6} {'seed':>4} {'wall s':>7} {'loop s':>7} {'trials':>6} {'trials/h':>9} "
-        f"{'loop t/h':>9} {'reach step':>10} {'reach s':>8} {'pass@1':>7} {'wait trn':>8} "
-        f"{'wait adm':>8} {'update':>7}"
+    out.print(f"rollout engine: {args.engine}")
+    out.table(
+        [
+            ("set", "<"),
+            ("mode", "<"),
+            "seed",
+            ("wall s", ".1f"),
+            ("loop s", ".1f"),
+            "trials",
+            ("trials/h", ".0f"),
+            ("loop t/h", ".0f"),
+            ("reach step", "d"),
+            ("reach s", ".1f"),
+            ("pass@1", ".2f"),
+            ("wait trn", ".1f"),
+            ("wait adm", ".1f"),
+            ("update", ".1f"),
+        ],
+        [
+            [
+                r["set"],
+                r["mode"],
+                r["seed"],
+                r["wall_s"],
+                r["loop_s"],
+                r["trials_trained"],
+                r["trials_per_hour"],
+                r["loop_trials_per_hour"],
+                r["reach_step"],
+                r["reach_s"],
+                r["heldout_pass1"],
+                r["trainer_wait_s"],
+                r["admission_wait_s"],
+                r["update_s"],
+            ]
+            for r in rows
+        ],
     )
-    for r in rows:
-        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-        print(
-            f"{r['set']:<11} {r['mode']:<6} {r['seed']:>4} {r['wall_s']:>7.1f} {r['loop_s']:>7.1f} "
-            f"{r['trials_trained']:>6} {r['trials_per_hour']:>9.0f} "
-            f"{fmt(r['loop_trials_per_hour'], '.0f'):>9} {fmt(r['reach_step'], 'd'):>10} "
-            f"{fmt(r['reach_s'], '.1f'):>8} {fmt(r['heldout_pass1'], '.2f'):>7} "
-            f"{r['trainer_wait_s']:>8.1f} {r['admission_wait_s']:>8.1f} {r['update_s']:>7.1f}"
-        )
     phases = sorted({k for r in rows for k in r["trial_wall_by_phase_s"]})
     if phases:
-        print("\nmean wall time per trial by phase (s):")
-        print(f"{'set':<11} {'mode':<6} {'seed':>4} " + " ".join(f"{p[:-2]:>14}" for p in phases))
-        for r in rows:
-            by = r["trial_wall_by_phase_s"]
-            cells = " ".join(f"{by.get(p, 0.0):>14.2f}" for p in phases)
-            print(f"{r['set']:<11} {r['mode']:<6} {r['seed']:>4} {cells}")
+        out.table(
+            [("set", "<"), ("mode", "<"), "seed", *((p[:-2], ".2f") for p in phases)],
+            [
+                [r["set"], r["mode"], r["seed"]]
+                + [r["trial_wall_by_phase_s"].get(p, 0.0) for p in phases]
+                for r in rows
+            ],
+            title="\nmean wall time per trial by phase (s):",
+        )
     ratios, loop_ratios, means = {}, {}, {}
     for name in sorted({r["set"] for r in rows}):
         per_mode = {m: [r for r in rows if r["set"] == name and r["mode"] == m] for m in MODES}
         means[name] = {m: summary(rs) for m, rs in per_mode.items() if rs}
         for m, mean in means[name].items():
             if mean["heldout_pass1"] is not None:
-                print(
+                out.print(
                     f"{name}: {m} held-out pass@1 {mean['heldout_pass1']:.3f} "
                     f"(min-max {mean['heldout_pass1_range']}, {mean['runs']} run(s))"
                 )
@@ -312,12 +340,12 @@ def main() -> None:
         sync, asyn = means[name]["sync"], means[name]["async"]
         ratios[name] = asyn["trials_per_hour"] / sync["trials_per_hour"]
         loop_ratios[name] = sync["loop_s"] / asyn["loop_s"]
-        print(
+        out.print(
             f"{name}: async / sync trials per hour = {ratios[name]:.2f}x "
             f"(loop time only: {loop_ratios[name]:.2f}x), means over {len(args.seeds)} seed(s)"
         )
         if sync["heldout_pass1"] is not None and asyn["heldout_pass1"] is not None:
-            print(
+            out.print(
                 f"{name}: held-out pass@1 sync {sync['heldout_pass1']:.3f} "
                 f"(min-max {sync['heldout_pass1_range']}) vs async {asyn['heldout_pass1']:.3f} "
                 f"(min-max {asyn['heldout_pass1_range']}): "
@@ -336,9 +364,7 @@ def main() -> None:
         "max_staleness": args.max_staleness,
         "tail_short_s": args.tail_short_s,
     }
-    print(json.dumps(result))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(result, indent=2))
+    out.result(result)
 
 
 if __name__ == "__main__":

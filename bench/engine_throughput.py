@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
 import sys
 import time
 
+import harness
 import torch
 from slr_engine_hf.attention import NAME as DECODE_ATTENTION
 from slr_engine_hf.config import HfEngineConfig
@@ -202,7 +202,7 @@ def steady_decode(engine: HfEngine, levels: list[int], low: int, high: int, step
     return rows
 
 
-def compare_vllm(args, levels: list[int]) -> dict:
+def compare_vllm(args: argparse.Namespace, levels: list[int]) -> dict:
     """Median tokens/s of the hf engine and the real vLLM server at each level, each round
     of one paired with a round of the other (load drifts), the same prompts and seeds."""
     from slr_engine_hf.models import resolve
@@ -261,22 +261,21 @@ def compare_vllm(args, levels: list[int]) -> dict:
     finally:
         asyncio.run(vllm.close())
         asyncio.run(hf.close())
-    print(
-        f"hf engine vs real vLLM ({args.vllm}), fp32, "
+    harness.Output(args).table(
+        ["sessions", ("hf tokens/s", ".1f"), ("vLLM tokens/s", ".1f"), ("vLLM / hf", ".2f")],
+        [
+            [r["concurrency"], r["hf_tokens_per_s"], r["vllm_tokens_per_s"], r["ratio_vllm_to_hf"]]
+            for r in rows
+        ],
+        title=f"hf engine vs real vLLM ({args.vllm}), fp32, "
         f"{'compiled' if args.vllm_compile else 'eager'}, {args.max_tokens} tokens per session, "
-        f"median of {args.repeats} paired rounds, {os.cpu_count()} CPUs"
+        f"median of {args.repeats} paired rounds, {os.cpu_count()} CPUs",
     )
-    print("sessions  hf tokens/s  vLLM tokens/s  vLLM / hf")
-    for r in rows:
-        print(
-            f"{r['concurrency']:>8}  {r['hf_tokens_per_s']:>11.1f}  "
-            f"{r['vllm_tokens_per_s']:>13.1f}  {r['ratio_vllm_to_hf']:>9.2f}"
-        )
     return {"compare": "hf vs vllm", "vllm_compile": args.vllm_compile, "rounds": rows}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = harness.parser(__doc__, json_path=True)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
@@ -285,7 +284,6 @@ def main() -> None:
         "--max-batch", type=int, default=32, help="[engine] max_batch: sequences per step"
     )
     parser.add_argument("--repeats", type=int, default=3, help="paired runs per setting")
-    parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument(
         "--contexts",
         default=None,
@@ -320,12 +318,10 @@ def main() -> None:
         "--vllm-compile", action="store_true", help="with --vllm: no --enforce-eager"
     )
     args = parser.parse_args()
+    out = harness.Output(args)
     if args.vllm:
         concurrency = "1,8,32" if args.concurrency == "1,4,16,32" else args.concurrency
-        result = compare_vllm(args, [int(x) for x in concurrency.split(",")])
-        if args.json_path:
-            with open(args.json_path, "w") as f:
-                json.dump(result, f, indent=2)
+        out.result(compare_vllm(args, [int(x) for x in concurrency.split(",")]))
         return
     if args.steady:
         low, high = (int(x) for x in args.steady.split(":"))
@@ -335,20 +331,32 @@ def main() -> None:
         levels = [int(x) for x in args.concurrency.split(",") if int(x) > 1]
         rows = steady_decode(engine, levels, low, high, args.steps)
         asyncio.run(engine.close())
-        print(
-            f"decode steps alone, rows of {low}-{high} tokens, median of {args.steps} steps, "
-            f"torch threads {torch.get_num_threads()}"
+        out.table(
+            [
+                "rows",
+                ("attention", "<"),
+                ("padding", ".0%"),
+                ("step s", ".2f"),
+                ("1 row step s", ".3f"),
+                ("ratio", ".2f"),
+                ("load", ".1f"),
+            ],
+            [
+                [
+                    r["concurrency"],
+                    r["attention"],
+                    r["padding"],
+                    r["step_s"],
+                    r["single_row_step_s"],
+                    r["ratio_to_single_stream"],
+                    r["load"],
+                ]
+                for r in rows
+            ],
+            title=f"decode steps alone, rows of {low}-{high} tokens, median of {args.steps} "
+            f"steps, torch threads {torch.get_num_threads()}",
         )
-        print("rows  attention      padding  step s  1 row step s  ratio  load")
-        for r in rows:
-            print(
-                f"{r['concurrency']:>4}  {r['attention']:<13}  {r['padding']:>6.0%}  "
-                f"{r['step_s']:>6.2f}  {r['single_row_step_s']:>12.3f}  "
-                f"{r['ratio_to_single_stream']:>5.2f}  {r['load']:>4.1f}"
-            )
-        if args.json_path:
-            with open(args.json_path, "w") as f:
-                json.dump({"steady": [low, high], "rounds": rows}, f, indent=2)
+        out.result({"steady": [low, high], "rounds": rows})
         return
 
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -437,28 +445,38 @@ def main() -> None:
     asyncio.run(engine.close())
 
     reference = "engine, 1 session" if contexts else "model.generate, 1 stream"
-    print(
-        f"median of {args.repeats} paired runs, {args.max_tokens} tokens per session, "
+    out.table(
+        [
+            "sessions",
+            ("variant", "<"),
+            ("tokens/s", ".1f"),
+            (reference + " tokens/s", ".1f"),
+            ("ratio", ".2f"),
+        ],
+        [
+            [
+                r["concurrency"],
+                r["variant"],
+                r["tokens_per_s"],
+                r["single_stream_tokens_per_s"],
+                r["ratio_to_single_stream"],
+            ]
+            for r in rows
+        ],
+        title=f"median of {args.repeats} paired runs, {args.max_tokens} tokens per session, "
         f"max_batch {args.max_batch}, torch threads: {torch.get_num_threads()}, prompts: "
         + (f"agent-like {contexts[0]}-{contexts[1]} tokens" if contexts else "short essays")
-        + f", load average {min(loads):.1f}-{max(loads):.1f}"
+        + f", load average {min(loads):.1f}-{max(loads):.1f}",
     )
-    print(f"sessions  variant                  tokens/s  {reference + ' tokens/s':>32}  ratio")
-    for r in rows:
-        print(
-            f"{r['concurrency']:>8}  {r['variant']:<23}  {r['tokens_per_s']:>8.1f}  "
-            f"{r['single_stream_tokens_per_s']:>32.1f}  {r['ratio_to_single_stream']:>5.2f}"
-        )
-    result = {
-        "single_stream": reference,
-        "single_stream_tokens_per_s": base,
-        "contexts": contexts,
-        "load_average": [min(loads), max(loads)],
-        "rounds": rows,
-    }
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(result, f, indent=2)
+    out.result(
+        {
+            "single_stream": reference,
+            "single_stream_tokens_per_s": base,
+            "contexts": contexts,
+            "load_average": [min(loads), max(loads)],
+            "rounds": rows,
+        }
+    )
 
 
 if __name__ == "__main__":

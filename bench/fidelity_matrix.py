@@ -14,12 +14,11 @@ core/tests/proxy/test_fidelity_matrix.py.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import time
 from pathlib import Path
 
+import harness
 from attrs import asdict
 
 from slr_testkit.fidelity import markdown_table, run_matrix, scenarios
@@ -31,10 +30,10 @@ BEGIN, END = "<!-- fidelity-matrix:begin -->", "<!-- fidelity-matrix:end -->"
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = harness.parser(__doc__, whole_doc=True)
     p.add_argument("--write-docs", action="store_true", help="update the table in docs/proxy.md")
-    p.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = p.parse_args()
+    out = harness.Output(args)
     from slr import log
     from slr_testkit.fidelity.engines import close_all, matrix_engines
 
@@ -47,17 +46,17 @@ def main() -> None:
     finally:
         asyncio.run(close_all(engines))
     table = markdown_table(results, list(FAMILIES))
-    print(table)
+    # the docs' markdown table (--write-docs), not harness.table
+    out.print(table)
     green = sum(r.green() for r in results)
-    print(f"{green}/{len(results)} cells green in {time.monotonic() - started:.1f} s")
+    out.print(f"{green}/{len(results)} cells green in {time.monotonic() - started:.1f} s")
     if args.write_docs:
         path = ROOT / "docs" / "proxy.md"
         text = path.read_text()
         head, rest = text.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
         path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
-    if args.json:
-        print(json.dumps({"cells": [asdict(r) for r in results], "green": green}))
+    out.result({"cells": [asdict(r) for r in results], "green": green})
 
 
 if __name__ == "__main__":

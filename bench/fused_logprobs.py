@@ -26,10 +26,12 @@ import subprocess
 import sys
 import time
 
+import harness
+
 MODES = ("unfused", "fused")
 
 
-def _model(args):
+def _model(args: argparse.Namespace):
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -47,22 +49,7 @@ def _model(args):
     return AutoModelForCausalLM.from_config(config).to(args.device).eval()
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak_rss() -> int:
-    """Reset the process's peak resident set (Linux's clear_refs 5); the resident set now."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_bytes("VmRSS")
-
-
-def worker(args) -> dict:
+def worker(args: argparse.Namespace) -> dict:
     """One pass in this process: its peak memory above the start, and its time."""
     import torch
     from slr_optimizer_torch.model import Scorer
@@ -82,7 +69,8 @@ def worker(args) -> dict:
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated() if cuda else _reset_peak_rss()
+        # MiB: the allocator's figure on a GPU, the resident set on the CPU
+        before = torch.cuda.memory_allocated() / 2**20 if cuda else harness.reset_peak_rss()
         t0 = time.perf_counter()
         s = scorer(ids, mask, response, entropy=True, entropy_grad=True)
         assert s.entropy is not None
@@ -92,26 +80,27 @@ def worker(args) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         peaks.append(
-            (torch.cuda.max_memory_allocated() if cuda else _status_bytes("VmHWM")) - before
+            (torch.cuda.max_memory_allocated() / 2**20 if cuda else harness.rss_mb(peak=True))
+            - before
         )
         del s, loss
-    return {"peak_mib": max(peaks) / 2**20, "time_s": min(times)}
+    return {"peak_mib": max(peaks), "time_s": min(times)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--tokens", type=int, nargs="+", default=[512, 2048, 4096])
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=2, help="passes per process (min time)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # a worker process
     args = parser.parse_args()
-    if args.mode:
+    if args.mode:  # to the parent, which reads the last line
         print(json.dumps(worker(args)))
         return
+    out = harness.Output(args)
 
     rows = []
     for n in args.tokens:
@@ -135,30 +124,39 @@ def main() -> None:
                 "--repeat",
                 str(args.repeat),
             ]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            row[mode] = json.loads(str(out).strip().splitlines()[-1])
+            stdout = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            row[mode] = json.loads(stdout.strip().splitlines()[-1])
         row["memory_ratio"] = row["unfused"]["peak_mib"] / max(row["fused"]["peak_mib"], 1e-9)
         row["time_ratio"] = row["fused"]["time_s"] / row["unfused"]["time_s"]
         rows.append(row)
 
-    print(
-        f"vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, {args.device}; one "
-        f"scoring + backward pass, every position a policy token"
+    out.table(
+        [
+            "tokens",
+            ("unfused MiB", ".0f"),
+            ("fused MiB", ".0f"),
+            ("mem ratio", lambda v: f"{v:.1f}x"),
+            ("unfused s", ".2f"),
+            ("fused s", ".2f"),
+            ("time ratio", harness.ratio),
+        ],
+        [
+            [
+                r["tokens"],
+                r["unfused"]["peak_mib"],
+                r["fused"]["peak_mib"],
+                r["memory_ratio"],
+                r["unfused"]["time_s"],
+                r["fused"]["time_s"],
+                r["time_ratio"],
+            ]
+            for r in rows
+        ],
+        title=f"vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, {args.device}; "
+        "one scoring + backward pass, every position a policy token",
     )
-    print(
-        f"{'tokens':>7} | {'unfused MiB':>11} {'fused MiB':>10} {'mem ratio':>9} | "
-        f"{'unfused s':>9} {'fused s':>8} {'time ratio':>10}"
-    )
-    for r in rows:
-        u, f = r["unfused"], r["fused"]
-        print(
-            f"{r['tokens']:>7} | {u['peak_mib']:>11.0f} {f['peak_mib']:>10.0f} "
-            f"{r['memory_ratio']:>8.1f}x | {u['time_s']:>9.2f} {f['time_s']:>8.2f} "
-            f"{r['time_ratio']:>9.2f}x"
-        )
-    if args.json:
-        config = {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "device")}
-        print(json.dumps({"config": config, "rows": rows}))
+    config = {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "device")}
+    out.result({"config": config, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -18,15 +18,14 @@ own and are removed at the end.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+import harness
 from slr_backend_docker import DockerBackendConfig
 from slr_backend_docker.backend import DockerBackend
 from slr_backend_docker.base_image import BASE_TAG
@@ -55,7 +54,7 @@ def make_tasks(root: Path, n: int, ns: str) -> None:
         )
 
 
-async def timed(tasks, jobs: int, prefix: str, logs: Path) -> tuple[float, dict[str, int]]:
+async def timed_build(tasks, jobs: int, prefix: str, logs: Path) -> tuple[float, dict[str, int]]:
     backend = DockerBackend(DockerBackendConfig(image_prefix=prefix), sandboxes=jobs)
     try:
         t0 = time.monotonic()
@@ -74,11 +73,11 @@ def remove_images(prefix: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("-n", "--tasks", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=4)
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
+    report = harness.Output(args)
     log.configure(level="warning")  # stdout is the table and the JSON object only
     ns = f"bench-img-{uuid.uuid4().hex[:6]}"
     rows = []
@@ -91,7 +90,7 @@ def main() -> None:
                 for jobs in (1, args.jobs):
                     if cache == "cold":
                         remove_images(ns)
-                    seconds, counts = asyncio.run(timed(tasks, jobs, ns, logs))
+                    seconds, counts = asyncio.run(timed_build(tasks, jobs, ns, logs))
                     rows.append({"cache": cache, "jobs": jobs, "seconds": seconds, **counts})
         finally:
             remove_images(ns)
@@ -110,21 +109,16 @@ def main() -> None:
         "cold_s_per_task_serial": round(s("cold", 1) / args.tasks, 2),
         "warm_s_per_task": round(s("warm", args.jobs) / args.tasks, 3),
     }
-    if args.json:
-        print(json.dumps(out))
-        return
-    print(f"{'cache':6} {'jobs':>4} {'seconds':>8} {'built':>5} {'cached':>6} {'failed':>6}")
-    for r in rows:
-        print(
-            f"{r['cache']:6} {r['jobs']:>4} {r['seconds']:>8.2f} {r['built']:>5} "
-            f"{r['cached']:>6} {r['failed']:>6}"
-        )
-    print(
+    report.table(
+        ["cache", "jobs", ("seconds", ".2f"), "built", "cached", "failed"],
+        [[r["cache"], r["jobs"], r["seconds"], r["built"], r["cached"], r["failed"]] for r in rows],
+    )
+    report.print(
         f"cold: jobs {args.jobs} is {out['cold_speedup']}x serial; warm serial takes "
         f"{out['warm_over_cold_serial']:.1%} of cold serial ({os.cpu_count()} CPUs, "
         f"load {out['load_avg_1m']})"
     )
-    print(json.dumps(out))
+    report.result(out)
 
 
 if __name__ == "__main__":

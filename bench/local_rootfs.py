@@ -18,9 +18,7 @@ everything cached, interleaved across modes, medians. Ratios are against docker 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -28,6 +26,9 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Literal
+
+import harness
 
 from slr.plugins import get_plugin_manager
 from slr.rollout.trial import new_trial_id
@@ -36,6 +37,12 @@ from slr.tasks import load_task
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "examples" / "tasks" / "hello-world"
 MODES = ("local host", "local image overlay", "local image copy", "docker")
+#: the local modes' ``[backend]`` rootfs and root_copy
+LAYOUTS: dict[str, tuple[Literal["host", "image"], Literal["auto", "overlay", "copy"]]] = {
+    "local host": ("host", "auto"),
+    "local image overlay": ("image", "overlay"),
+    "local image copy": ("image", "copy"),
+}
 
 
 def _backend(mode: str, scratch: Path, images_dir: Path):
@@ -44,8 +51,7 @@ def _backend(mode: str, scratch: Path, images_dir: Path):
     from slr_backend_local import LocalBackendConfig
     from slr_backend_local.backend import LocalBackend
 
-    kind = mode.split()[1]
-    copy = mode.split()[2] if kind == "image" else "auto"
+    kind, copy = LAYOUTS[mode]
     return LocalBackend(
         LocalBackendConfig(
             isolation="bubblewrap",
@@ -124,19 +130,23 @@ async def main(reps: int, modes: tuple[str, ...] = MODES) -> dict:
     }
 
 
-def _table(result: dict) -> str:
-    rows = ["| mode | cold: to first exec | warm: start → first exec (median) | warm / docker |"]
-    rows.append("| --- | --- | --- | --- |")
-    for m in result["cold_s"]:
-        rows.append(
-            f"| {m} | {result['cold_s'][m]:.2f} s | {result['warm_median_s'][m]:.2f} s "
-            f"| {result['warm_ratio_vs_docker'][m]:.2f}× |"
-        )
-    return "\n".join(rows)
+def _table(result: dict, out: harness.Output) -> None:
+    out.table(
+        [
+            ("mode", "<"),
+            ("cold: to first exec", lambda v: f"{v:.2f} s"),
+            ("warm: start → first exec (median)", lambda v: f"{v:.2f} s"),
+            ("warm / docker", lambda v: f"{v:.2f}×"),
+        ],
+        [
+            [m, result["cold_s"][m], result["warm_median_s"][m], result["warm_ratio_vs_docker"][m]]
+            for m in result["cold_s"]
+        ],
+    )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument(
         "--mode",
@@ -145,10 +155,9 @@ if __name__ == "__main__":
         help="modes to measure (repeatable; default: all). 'docker' is always measured: "
         "the ratios are against it",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object too")
     args = parser.parse_args()
+    out = harness.Output(args)
     modes = tuple(m for m in MODES if m in (args.mode or MODES) or m == "docker")
     result = asyncio.run(main(args.reps, modes))
-    print(_table(result))
-    if args.json:
-        print(json.dumps(result))
+    _table(result, out)
+    out.result(result)

@@ -19,10 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING, cast
+
+import harness
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 VARIANTS = ("full", "lora")
 
@@ -80,7 +85,9 @@ def run_variant(args: argparse.Namespace) -> dict:
         micro_batch_tokens=args.micro_batch_tokens,
     )
     model = (
-        tiny_causal_lm(vocab_size=512, hidden_size=128, layers=4) if args.model == "tiny" else None
+        cast("PreTrainedModel", tiny_causal_lm(vocab_size=512, hidden_size=128, layers=4))
+        if args.model == "tiny"
+        else None
     )
     opt = TorchOptimizer(options, algorithm=AlgorithmSection(), temperature=1.0, model=model)
     vocab = int(opt.model.config.vocab_size)
@@ -103,7 +110,7 @@ def run_variant(args: argparse.Namespace) -> dict:
         "sync_bytes": int(sync_metrics(weights)["sync/bytes"]),
         "sync_tensors": len(weights),
         "export_s": export_s,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": int(harness.rss_mb(peak=True) * 2**20),
         "step_s": min(step_s),
     }
 
@@ -113,7 +120,7 @@ def _mib(n: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--model", default="smollm2-135m-instruct", help="or 'tiny'")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--target-modules", default="all-linear")
@@ -123,12 +130,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--micro-batch-tokens", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:  # a child: one variant, its result as JSON on the last line
         print(json.dumps(run_variant(args)))
         return
+    report = harness.Output(args)
 
     results = {}
     for variant in VARIANTS:
@@ -159,9 +166,6 @@ def main() -> None:
         "lora": lora,
         "lora_over_full": ratios,
     }
-    if args.json:
-        print(json.dumps(out))
-        return
     rows = [
         ("parameters", f"{full['params']:,}", f"{lora['params']:,}", ""),
         ("trainable", f"{full['trainable_params']:,}", f"{lora['trainable_params']:,}",
@@ -177,12 +181,13 @@ def main() -> None:
         ("step (best of runs)", f"{full['step_s']:.2f} s", f"{lora['step_s']:.2f} s",
          f"{ratios['step_s']:.3f}"),
     ]  # fmt: skip
-    print(f"model {args.model}, LoRA rank {args.rank} on {args.target_modules}, batch "
-          f"{args.groups}x{args.trials} trials x {args.tokens} tokens")  # fmt: skip
-    print(f"| {'':<20} | {'full':>14} | {'lora':>14} | {'lora/full':>9} |")
-    print(f"| {'-' * 20} | {'-' * 14} | {'-' * 14} | {'-' * 9} |")
-    for name, a, b, r in rows:
-        print(f"| {name:<20} | {a:>14} | {b:>14} | {r:>9} |")
+    report.table(
+        [("", "<"), ("full", ">"), ("lora", ">"), ("lora/full", ">")],
+        rows,
+        title=f"model {args.model}, LoRA rank {args.rank} on {args.target_modules}, batch "
+        f"{args.groups}x{args.trials} trials x {args.tokens} tokens",
+    )
+    report.result(out)
 
 
 if __name__ == "__main__":

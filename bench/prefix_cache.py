@@ -23,15 +23,17 @@ session 1, the tokens the engine's prefills ran, and how many trials reached the
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import statistics
 import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
+
+import harness
 
 from slr.config import ProxySection
-from slr.contracts import SamplingParams
+from slr.contracts import Engine, Generation, GenerationChunk, SamplingParams
 from slr.plugins import get_plugin_manager
 from slr.proxy import Proxy
 from slr.proxy.server import ProxySessions
@@ -44,22 +46,34 @@ ROOT = Path(__file__).resolve().parents[1]
 class TimedEngine:
     """The engine, noting per session when its first call started and its first token came."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         # session: (its first call's start, its first token, its prompt's length)
-        self.first: dict[str, tuple[float, float, int]] = {}
+        self.first: dict[str | None, tuple[float, float, int]] = {}
         self.first_token = asyncio.Event()
 
-    tokenizer = property(lambda self: self.engine.tokenizer)
-    max_context = property(lambda self: self.engine.max_context)
-    weights_version = property(lambda self: self.engine.weights_version)
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
 
-    async def generate(self, prompt_ids, sampling, *, session_id=None):
+    @property
+    def max_context(self) -> int:
+        return self.engine.max_context
+
+    @property
+    def weights_version(self) -> int:
+        return self.engine.weights_version
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
         from slr.contracts import collect
 
         return await collect(self.stream(prompt_ids, sampling, session_id=session_id))
 
-    async def stream(self, prompt_ids, sampling, *, session_id=None):
+    async def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> AsyncIterator[GenerationChunk]:
         started = time.monotonic()
         seen = False
         async for chunk in self.engine.stream(prompt_ids, sampling, session_id=session_id):
@@ -70,13 +84,13 @@ class TimedEngine:
                     self.first_token.set()
             yield chunk
 
-    async def update_weights(self, *a, **k):
+    async def update_weights(self, *a: Any, **k: Any) -> int:
         return await self.engine.update_weights(*a, **k)
 
-    async def health(self):
+    async def health(self) -> bool:
         return await self.engine.health()
 
-    async def close(self):
+    async def close(self) -> None:
         await self.engine.close()
 
 
@@ -158,7 +172,7 @@ async def run_mode(args, mode: str, cache_tokens: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = harness.parser(__doc__, whole_doc=True)
     p.add_argument("--backend", default="local", help="local (default) or docker")
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=24, help="cap on each answer's tokens")
@@ -168,33 +182,50 @@ def main() -> None:
         "--modes", nargs="+", default=["staggered", "together"], choices=["staggered", "together"]
     )
     p.add_argument("--baseline", action="store_true", help="also run 'together' with no cache")
-    p.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = p.parse_args()
+    out = harness.Output(args)
     from slr import log
 
     log.configure(level="warning")
     modes = [(m, 16384) for m in args.modes]
     if args.baseline:
         modes.append(("together", 0))
-    header = (
-        f"{'mode':10} {'cache':>6} {'s1 s':>7} {'2..N med s':>10} {'2..N max s':>10} "
-        f"{'ratio':>6} {'prefill tok':>11} {'reused tok':>10} {'verifier':>8} {'wall s':>7}"
-    )
-    print(header, flush=True)
     reports = []
-    for mode, cache in modes:  # each row as soon as its mode ends: a mode takes minutes
+    for mode, cache in modes:
         r = asyncio.run(run_mode(args, mode, cache))
         reports.append(r)
-        print(
-            f"{r['mode']:10} {r['cache_tokens']:6} {r['session1_s']:7.1f} "
-            f"{r['others_median_s'] or 0:10.1f} {r['others_max_s'] or 0:10.1f} "
-            f"{r['ratio_median'] or 0:6.3f} {r['prefill_tokens']:11} {r['reused_tokens']:10} "
-            f"{r['reached_verifier']:>4}/{r['sessions']:<3} {r['wall_s']:7.1f}",
-            flush=True,
-        )
-    print(f"first prompt tokens: {reports[0]['first_prompt_tokens']}")
-    if args.json:
-        print(json.dumps({"backend": args.backend, "reports": reports}))
+        out.progress(f"{mode}, cache {cache} tokens: done in {r['wall_s']:.1f} s")  # minutes each
+    out.table(
+        [
+            ("mode", "<"),
+            "cache",
+            ("s1 s", ".1f"),
+            ("2..N med s", ".1f"),
+            ("2..N max s", ".1f"),
+            ("ratio", ".3f"),
+            "prefill tok",
+            "reused tok",
+            ("verifier", ">"),
+            ("wall s", ".1f"),
+        ],
+        [
+            [
+                r["mode"],
+                r["cache_tokens"],
+                r["session1_s"],
+                r["others_median_s"] or 0,
+                r["others_max_s"] or 0,
+                r["ratio_median"] or 0,
+                r["prefill_tokens"],
+                r["reused_tokens"],
+                f"{r['reached_verifier']}/{r['sessions']}",
+                r["wall_s"],
+            ]
+            for r in reports
+        ],
+    )
+    out.print(f"first prompt tokens: {reports[0]['first_prompt_tokens']}")
+    out.result({"backend": args.backend, "reports": reports})
 
 
 if __name__ == "__main__":

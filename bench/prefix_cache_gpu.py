@@ -12,25 +12,23 @@ and the prefill times side by side.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
 import types
 from pathlib import Path
 
+import harness
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = harness.parser(__doc__)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--prefix", type=int, default=4096)
     p.add_argument("--own", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5, help="median of this many runs")
-    p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    report = harness.Output(args)
     # the two modules alone, without the package's plugin registration (which needs slr)
     pkg = types.ModuleType("slr_engine_hf")
     pkg.__path__ = [
@@ -56,31 +54,23 @@ def main() -> None:
     a = shared + torch.randint(0, 49152, (args.own,), generator=g).tolist()
     b = shared + torch.randint(0, 49152, (args.own,), generator=g).tolist()
 
-    def sync():
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else None
 
     cache = RadixPrefixCache(max_tokens=3 * args.prefix)
     prefill(model, a[:64], None, 0)  # warm-up
 
-    def timed(work):
-        times = []
-        for _ in range(args.repeats):
-            sync()
-            t = time.perf_counter()
-            out = work()
-            sync()
-            times.append(time.perf_counter() - t)
-        return out, sorted(times)[len(times) // 2]
-
-    (_, kv, _), full_s = timed(lambda: prefill(model, a, None, 0))
+    (_, kv, _), full_s = harness.median_timed(
+        lambda: prefill(model, a, None, 0), repeats=args.repeats, sync=sync
+    )
     cache.insert(a, kv)
 
     def from_cache():
         prefix, n, _ = cache.match(b)
         return prefill(model, b, prefix, n, every_position=True), n
 
-    ((cached_logits, _, _), n), cached_s = timed(from_cache)
+    ((cached_logits, _, _), n), cached_s = harness.median_timed(
+        from_cache, repeats=args.repeats, sync=sync
+    )
     full_logits, _, _ = prefill(model, b, None, 0, every_position=True)
     lp_cached = torch.log_softmax(cached_logits.float(), -1)
     lp_full = torch.log_softmax(full_logits[n:].float(), -1)
@@ -97,15 +87,19 @@ def main() -> None:
         "ratio": round(cached_s / full_s, 4),
         "max_logprob_diff": diff,
     }
-    print(
-        f"{'device':8} {'prefix':>6} {'reused':>6} {'full s':>8} {'cached s':>9} {'ratio':>7} {'max |dlp|':>10}"
+    report.table(
+        [
+            "device",
+            "prefix",
+            "reused",
+            ("full s", ".4f"),
+            ("cached s", ".4f"),
+            ("ratio", ".4f"),
+            ("max |dlp|", ".2e"),
+        ],
+        [[args.device, args.prefix, n, full_s, cached_s, cached_s / full_s, diff]],
     )
-    print(
-        f"{args.device:8} {args.prefix:6} {n:6} {full_s:8.4f} {cached_s:9.4f} "
-        f"{cached_s / full_s:7.4f} {diff:10.2e}"
-    )
-    if args.json:
-        print(json.dumps(out))
+    report.result(out)
 
 
 if __name__ == "__main__":

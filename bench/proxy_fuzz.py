@@ -21,7 +21,6 @@ hold little). ``run_fuzz`` is also what ``tests/security/test_hostile_input.py``
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
@@ -29,26 +28,28 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from harness import Output, parser, rss_mb
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 WORKERS = 4
 LOGGERS = ("uvicorn.error", "asyncio")
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 # -- what to send ------------------------------------------------------------------------------
 
 
-def _http(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
-    head = {"host": "127.0.0.1", "content-type": "application/json", "connection": "close"}
+def _http(path: str, body: bytes, headers: Mapping[str, str | None] | None = None) -> bytes:
+    head: dict[str, str | None] = {
+        "host": "127.0.0.1",
+        "content-type": "application/json",
+        "connection": "close",
+    }
     head.update(headers or {})
     if "transfer-encoding" not in head:
         head.setdefault("content-length", str(len(body)))
@@ -93,7 +94,7 @@ def _schema_bodies(n: int, seed: int) -> list[tuple[str, dict]]:
             "boolean": st.booleans(),
             "null": st.none(),
         }
-        return simple.get(kind, anything)
+        return simple.get(str(kind), anything)
 
     def bodies(cls, path: str, roles: tuple[str, ...]) -> Any:
         schema = msgspec.json.schema(cls)
@@ -121,7 +122,7 @@ def _schema_bodies(n: int, seed: int) -> list[tuple[str, dict]]:
         database=None,
         deadline=None,
         phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
+        suppress_health_check=list(HealthCheck.__members__.values()),
     )
     @given(every)
     def collect(item):
@@ -352,7 +353,7 @@ def good_session(proxy, stop: threading.Event, out: dict) -> None:
 
     session = proxy.open_session("well-behaved")
     client = openai.OpenAI(base_url=session.openai_base_url, api_key=session.token, max_retries=0)
-    messages: list[dict] = []
+    messages: list[ChatCompletionMessageParam] = []
     ok, failed, completion = 0, [], 0
     while not stop.is_set() or ok < 3:
         if len(messages) >= 12:  # a fresh conversation before the context fills
@@ -472,12 +473,12 @@ def _slow_loop(port, token, headers_only, limit, stop) -> list[tuple[bool, float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--n", type=int, default=10_000, help="attacks to send")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--slow-clients", type=int, default=6)
-    ap.add_argument("--json", action="store_true", help="print one JSON object only")
     args = ap.parse_args()
+    out = Output(args)
 
     import asyncio
     import sys
@@ -486,7 +487,7 @@ def main() -> None:
 
     from slr.log import configure
 
-    configure(level="warning", stream=sys.stderr)  # stdout is the figures
+    configure(level="warning", stream=sys.stderr)  # stdout is the table or the JSON
     from slr_engine_hf.engine import HfEngine
 
     from slr.config import ProxySection
@@ -504,9 +505,6 @@ def main() -> None:
     with ProxyThread(proxy):
         figures = run_fuzz(proxy, n=args.n, seed=args.seed, slow_clients=args.slow_clients)
     asyncio.run(engine.close())
-    if args.json:
-        print(json.dumps(figures))
-        return
     good = figures["good_session"]
     rows = [
         ("requests", figures["requests"], ""),
@@ -520,12 +518,10 @@ def main() -> None:
          f"recorded exactly: {good['recorded_exactly']}"),
         ("RSS growth (MB)", figures["rss_growth_mb"], f"{figures['rss_mb_after_warmup']} -> {figures['rss_mb_end']}"),
     ]  # fmt: skip
-    for name, value, note in rows:
-        print(f"{name:<24} {value!s:>14}  {note}")
-    print("statuses:", figures["statuses"])
-    for kind, counts in figures["by_kind"].items():
-        print(f"  {kind:<24} {counts}")
-    print(json.dumps(figures))
+    out.table([("figure", "<"), ("value", ">"), ("note", "<")], rows)
+    out.print("statuses:", figures["statuses"])
+    out.table([("kind", "<"), ("statuses", "<")], figures["by_kind"].items())
+    out.result(figures)
 
 
 if __name__ == "__main__":

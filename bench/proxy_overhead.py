@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import os
 import statistics
@@ -59,6 +58,8 @@ import subprocess
 import sys
 import time
 from typing import Any, cast
+
+import harness
 
 QUESTION = (
     "Please look at the next part of the repository and tell me what you find there, briefly. "
@@ -413,7 +414,8 @@ def start_hosts(args, engines: dict) -> Hosts:
 
     handles = {name: replica_handles(e) for name, e in engines.items()}
     remote = ray.remote(num_cpus=0)(ProxyHost)
-    hosts = [
+    # Ray actor handles: their methods are called through .remote, which no type describes
+    hosts: list[Any] = [
         remote.options(max_concurrency=2).remote(handles, args.max_tokens, attach=True)  # type: ignore[attr-defined]
         for _ in range(args.proxies)
     ]
@@ -524,12 +526,11 @@ async def _cpu():
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser(__doc__)
     ap.add_argument("--engine", choices=["ray", "embedded"], default="ray")
     ap.add_argument(
         "--repeat", "--runs", dest="repeat", type=int, default=3, help="runs of each setting"
     )
-    ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--calls", type=int, default=8, help="calls per session")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--turns", type=int, default=50)
@@ -583,7 +584,7 @@ def main() -> None:
         ap.error("--proxies > 1 needs --engine ray (the proxies reach the replica through Ray)")
     # The report is the only thing on stdout: Ray's actors print their log lines on the
     # driver's stdout, so everything else goes to stderr and the report to the saved stdout.
-    report_out = os.fdopen(os.dup(1), "w")
+    out = harness.Output(args, stdout=os.fdopen(os.dup(1), "w"))
     os.dup2(2, 1)
 
     import tempfile
@@ -655,10 +656,8 @@ def main() -> None:
     hosts.each("close")
     for engine in by_mode.values():
         asyncio.run(engine.close())
-    if not args.json:
-        print_table(report, per_run, file=report_out)
-    print(json.dumps(report, indent=None if args.json else 2), file=report_out)
-    report_out.flush()
+    print_table(report, per_run, out)
+    out.result(report)
 
 
 def _nice(engine) -> int | None:
@@ -668,9 +667,8 @@ def _nice(engine) -> int | None:
     return replicas[0][1].info.get("nice")
 
 
-def print_table(report: dict, per_run: dict[str, list[dict]], file=None) -> None:
-    emit = functools.partial(print, file=file)
-    emit(
+def print_table(report: dict, per_run: dict[str, list[dict]], out: harness.Output) -> None:
+    out.print(
         f"engine: {report['engine']}; {report['repeat']} runs of each setting, interleaved "
         f"(median, min-max over runs); {report['cores']} cores; replica nice {report['nice']}"
     )
@@ -678,34 +676,43 @@ def print_table(report: dict, per_run: dict[str, list[dict]], file=None) -> None
     def cell(row, name):
         return f"{row[name]['median']:g} ({row[name]['min']:g}-{row[name]['max']:g})"
 
-    emit(
-        "\n| sessions | variant | added p50 ms | added p99 ms | in-proxy added p50 / p99 ms "
-        "| direct engine p50 / p99 ms | proxy process CPU ms/req | load avg |"
+    def both(row, name):
+        return f"{row[name + '_p50']['median']:g} / {row[name + '_p99']['median']:g}"
+
+    settings = [(key, report[key], *key.split(" sessions, ")) for key in per_run]
+    out.table(
+        [
+            ("sessions", ">"),
+            "variant",
+            ("added p50 ms", ">"),
+            ("added p99 ms", ">"),
+            ("in-proxy added p50 / p99 ms", ">"),
+            ("direct engine p50 / p99 ms", ">"),
+            ("proxy process CPU ms/req", ">"),
+            ("load avg", ">"),
+        ],
+        [
+            [
+                sessions,
+                variant,
+                cell(row, "added_ms_p50"),
+                cell(row, "added_ms_p99"),
+                both(row, "server_added_ms"),
+                both(row, "direct_engine_ms"),
+                cell(row, "proxy_process_cpu_ms_per_request"),
+                cell(row, "load_average"),
+            ]
+            for _, row, sessions, variant in settings
+        ],
     )
-    emit("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for key in per_run:
-        row = report[key]
-        sessions, variant = key.split(" sessions, ")
-        emit(
-            f"| {sessions} | {variant} | {cell(row, 'added_ms_p50')} | "
-            f"{cell(row, 'added_ms_p99')} | {row['server_added_ms_p50']['median']:g} / "
-            f"{row['server_added_ms_p99']['median']:g} | "
-            f"{row['direct_engine_ms_p50']['median']:g} / "
-            f"{row['direct_engine_ms_p99']['median']:g} | "
-            f"{cell(row, 'proxy_process_cpu_ms_per_request')} | {cell(row, 'load_average')} |"
-        )
-    emit("\nwhere a call's time goes, ms, p50 / p99 over calls (median over runs)")
-    emit("| sessions | variant | " + " | ".join(HOPS) + " |")
-    emit("| ---: | --- |" + " ---: |" * len(HOPS))
-    for key in per_run:
-        row = report[key]
-        sessions, variant = key.split(" sessions, ")
-        cells = [
-            f"{row[f'hop_{h}_ms_p50']['median']:g} / {row[f'hop_{h}_ms_p99']['median']:g}"
-            for h in HOPS
-        ]
-        emit(f"| {sessions} | {variant} | " + " | ".join(cells) + " |")
-    emit()
+    out.table(
+        [("sessions", ">"), "variant", *((h, ">") for h in HOPS)],
+        [
+            [sessions, variant, *(both(row, f"hop_{h}_ms") for h in HOPS)]
+            for _, row, sessions, variant in settings
+        ],
+        title="\nwhere a call's time goes, ms, p50 / p99 over calls (median over runs)",
+    )
 
 
 if __name__ == "__main__":

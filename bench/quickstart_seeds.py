@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = Path("examples/quickstart/slr.toml")
 HELDOUT = Path("examples/quickstart/tasks/heldout")
@@ -162,17 +164,35 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def print_table(rows: list[dict[str, Any]], summ: dict[str, dict[str, Any]]) -> None:
-    print(f"{'variant':<16} {'seed':>4} {'rep':>3} {'base':>5} {'trained':>7} {'gain':>5} "
-          f"{'min':>5}  train pass rate per step")  # fmt: skip
-    for r in rows:
-        base = f"{r['base']:.2f}" if "base" in r else "-"
-        gain = f"{r['gain']:+.2f}" if "gain" in r else "-"
-        minutes = sum(r["time_s"].values()) / 60
-        curve = " ".join(f"{x:.2f}" for x in r["train_pass_rate"])
-        print(f"{r['variant']:<16} {r['seed']:>4} {r['repeat']:>3} {base:>5} "
-              f"{r['trained']:>7.2f} {gain:>5} {minutes:>5.1f}  {curve}")  # fmt: skip
-    print()
+def print_table(
+    rows: list[dict[str, Any]], summ: dict[str, dict[str, Any]], out: harness.Output
+) -> None:
+    out.table(
+        [
+            ("variant", "<"),
+            "seed",
+            "rep",
+            ("base", ".2f"),
+            ("trained", ".2f"),
+            ("gain", "+.2f"),
+            ("min", ".1f"),
+            ("train pass rate per step", "<"),
+        ],
+        [
+            [
+                r["variant"],
+                r["seed"],
+                r["repeat"],
+                r.get("base"),
+                r["trained"],
+                r.get("gain"),
+                sum(r["time_s"].values()) / 60,
+                " ".join(f"{x:.2f}" for x in r["train_pass_rate"]),
+            ]
+            for r in rows
+        ],
+    )
+    out.print()
     for label, s in summ.items():
         parts = [f"trained mean {s['trained_mean']:.3f} (range {s['trained_min']:.2f}-"
                  f"{s['trained_max']:.2f})"]  # fmt: skip
@@ -184,11 +204,11 @@ def print_table(rows: list[dict[str, Any]], summ: dict[str, dict[str, Any]]) -> 
                          f"{s['repeat_trained_max_diff']:.3f}, identical curves: "
                          f"{s['repeat_same_curve']}")  # fmt: skip
         parts.append(f"{s['train_minutes_mean']:.1f} min a run")
-        print(f"{label}: " + "; ".join(parts))
+        out.print(f"{label}: " + "; ".join(parts))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = harness.parser(__doc__, json_path=True, whole_doc=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--repeat", type=int, default=1, help="runs of each seed (2: reproducible?)")
     p.add_argument("--config", action="append", default=[], help="a config to run (repeatable)")
@@ -197,8 +217,8 @@ def main() -> None:
     p.add_argument("-k", type=int, default=4, help="trials per held-out task (default 4)")
     p.add_argument("--no-base", action="store_true", help="skip the base model's evaluation")
     p.add_argument("--out", type=Path, default=None, help="where the runs go (resumable)")
-    p.add_argument("--json", type=Path, default=None, help="also write the report as JSON")
     args = p.parse_args()
+    report_out = harness.Output(args)
     out = args.out or ROOT / "runs" / f"quickstart-seeds-{time.strftime('%Y%m%d-%H%M%S')}"
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -211,10 +231,8 @@ def main() -> None:
                 rows.append(one_run(variant, seed, rep, args, out))
                 (out / "rows.jsonl").open("a").write(json.dumps(rows[-1]) + "\n")
     summ = summary(rows)
-    print_table(rows, summ)
-    report = {"k": args.k, "set": args.set, "rows": rows, "summary": summ}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(rows, summ, report_out)
+    report_out.result({"k": args.k, "set": args.set, "rows": rows, "summary": summ})
 
 
 if __name__ == "__main__":

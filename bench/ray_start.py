@@ -27,17 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def rss_mb(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            continue
-    return total / 1024
+import harness
 
 
 def children(pid: int) -> list[int]:
@@ -63,12 +53,12 @@ def one_run() -> dict:
     from slr.plugins import get_plugin_manager
 
     me = os.getpid()
-    rss0 = rss_mb([me])
+    rss0 = harness.rss_mb(me)
     t = time.perf_counter()
     connection = ray_runtime.connect("local")
     ray.get(ray.remote(lambda: 1).remote())
     ray_s = time.perf_counter() - t
-    ray_rss = rss_mb(children(me)) + rss_mb([me]) - rss0
+    ray_rss = sum(harness.rss_mb(pid) for pid in [*children(me), me]) - rss0
 
     config = load_config(
         data={"run": {"engine_replicas": 1}, "engine": {"name": "hf", "threads": 1}},
@@ -103,24 +93,24 @@ def run_wall_s(run_dir: Path) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser(__doc__)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--run-dir", type=Path, help="a finished quickstart run, for the share")
     ap.add_argument(
         "--quickstart-s", type=float, help="the quickstart's wall time in s, without a run dir"
     )
-    ap.add_argument("--json", action="store_true", help="print one JSON object only")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.one:
+    if args.one:  # to the parent, which reads the last line
         print(json.dumps(one_run()))
         return
+    out = harness.Output(args)
     runs = []
     for _ in range(args.runs):
-        out = subprocess.run(
+        child = subprocess.run(
             [sys.executable, __file__, "--one"], check=True, capture_output=True, text=True
         )
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
     report: dict = {"runs": runs}
     for key in runs[0]:
         values = [r[key] for r in runs]
@@ -133,19 +123,18 @@ def main() -> None:
     if wall is not None:
         report["quickstart_wall_s"] = round(wall, 1)
         report["ray_share_of_quickstart"] = round(extra / wall, 4) if wall else None
-    if not args.json:
-        print("| measure | median | min | max |")
-        print("| --- | ---: | ---: | ---: |")
-        for key in runs[0]:
-            r = report[key]
-            print(f"| {key} | {r['median']:g} | {r['min']:g} | {r['max']:g} |")
-        print(f"Ray's extra start cost: {extra:.2f} s", end="")
-        if "quickstart_wall_s" in report:
-            share = report["ray_share_of_quickstart"]
-            print(f" = {100 * share:.1f}% of the quickstart's {report['quickstart_wall_s']} s")
-        else:
-            print(" (pass --run-dir RUN to compare with a quickstart run)")
-    print(json.dumps(report))
+    out.table(
+        [("measure", "<"), ("median", "g"), ("min", "g"), ("max", "g")],
+        [[key, report[key]["median"], report[key]["min"], report[key]["max"]] for key in runs[0]],
+    )
+    note = f"Ray's extra start cost: {extra:.2f} s"
+    if "quickstart_wall_s" in report and report["ray_share_of_quickstart"] is not None:
+        share = report["ray_share_of_quickstart"]
+        note += f" = {100 * share:.1f}% of the quickstart's {report['quickstart_wall_s']} s"
+    elif "quickstart_wall_s" not in report:
+        note += " (pass --run-dir RUN to compare with a quickstart run)"
+    out.print(note)
+    out.result(report)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,16 @@ old/new ratio of each.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import attrs
+import harness
 
 from slr.contracts import Reward, Segment, Trajectory, TrialResult, from_dict, to_dict
 from slr.contracts.serialize import decode, encode
@@ -61,19 +62,13 @@ def old_decode(data: bytes) -> TrialResult:
     return from_dict(json.loads(data), TrialResult)
 
 
-def timed(fn, *args):
-    t = time.perf_counter()
-    out = fn(*args)
-    return out, (time.perf_counter() - t) * 1000
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = harness.parser(__doc__, whole_doc=True)
     p.add_argument("--tokens", type=int, default=32768)
     p.add_argument("--segments", type=int, default=4)
     p.add_argument("--repeat", type=int, default=15)
-    p.add_argument("--json", action="store_true", help="print one JSON object after the table")
     a = p.parse_args()
+    out = harness.Output(a)
 
     trial = make_trial(a.tokens, a.segments)
     times: dict[str, dict[str, list[float]]] = {
@@ -83,10 +78,10 @@ def main() -> None:
         run = RunDir.create(Path(tmp), "bench", "")
         for i in range(a.repeat):
             # old path: what RunDir did before (cattrs dict, json with sorted keys)
-            data, ms = timed(old_encode, trial)
-            times["old"]["encode"].append(ms)
-            back, ms = timed(old_decode, data)
-            times["old"]["decode"].append(ms)
+            data, s = harness.timed(partial(old_encode, trial))
+            times["old"]["encode"].append(s * 1000)
+            back, s = harness.timed(partial(old_decode, data))
+            times["old"]["decode"].append(s * 1000)
             assert back == trial
             path = run.path / "trials" / f"old-{i}.json"
             t0 = time.perf_counter()
@@ -94,10 +89,10 @@ def main() -> None:
             assert old_decode(path.read_bytes()) == trial
             times["old"]["round_trip"].append((time.perf_counter() - t0) * 1000)
 
-            data, ms = timed(encode, trial)
-            times["new"]["encode"].append(ms)
-            back, ms = timed(decode, data, TrialResult)
-            times["new"]["decode"].append(ms)
+            data, s = harness.timed(partial(encode, trial))
+            times["new"]["encode"].append(s * 1000)
+            back, s = harness.timed(partial(decode, data, TrialResult))
+            times["new"]["decode"].append(s * 1000)
             assert back == trial
             t = attrs.evolve(trial, trial_id=f"new-{i}")
             t0 = time.perf_counter()
@@ -110,14 +105,18 @@ def main() -> None:
     med = {
         path: {k: statistics.median(v) for k, v in parts.items()} for path, parts in times.items()
     }
-    print(f"one trial record: {a.tokens} tokens, {a.segments} segments; median of {a.repeat}")
-    print(f"{'ms':<12}{'cattrs+json':>14}{'msgspec':>10}{'old/new':>10}")
-    for k in ("encode", "decode", "round_trip"):
-        o, n = med["old"][k], med["new"][k]
-        print(f"{k:<12}{o:>14.2f}{n:>10.2f}{o / n:>9.1f}x")
-    print(f"{'bytes':<12}{size_old:>14}{size_new:>10}")
-    if a.json:
-        out = {
+    rows: list[list[object]] = [
+        [k, med["old"][k], med["new"][k], med["old"][k] / med["new"][k]]
+        for k in ("encode", "decode", "round_trip")
+    ]
+    rows.append(["bytes", str(size_old), str(size_new), None])
+    out.table(
+        [("ms", "<"), ("cattrs+json", ">.2f"), ("msgspec", ">.2f"), ("old/new", harness.ratio)],
+        rows,
+        title=f"one trial record: {a.tokens} tokens, {a.segments} segments; median of {a.repeat}",
+    )
+    out.result(
+        {
             "tokens": a.tokens,
             "segments": a.segments,
             "repeat": a.repeat,
@@ -125,7 +124,7 @@ def main() -> None:
             "ratio_old_over_new": {k: med["old"][k] / med["new"][k] for k in med["old"]},
             "bytes": {"old": size_old, "new": size_new},
         }
-        print(json.dumps(out))
+    )
 
 
 if __name__ == "__main__":

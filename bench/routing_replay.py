@@ -19,14 +19,13 @@ captured routing is exact.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
-import json
-import sys
 import time
 from pathlib import Path
+from typing import Literal
 
+import harness
 import torch
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
@@ -90,7 +89,9 @@ def trials(prompt_ids, gens) -> list[TrialResult]:
     return out
 
 
-def score(model, batch, *, replay: bool, temperature: float, pack: str) -> dict[str, float]:
+def score(
+    model, batch, *, replay: bool, temperature: float, pack: Literal["none", "tree"]
+) -> dict[str, float]:
     opt = TorchOptimizer(
         TorchOptimizerConfig(lr=1e-12, pack=pack),
         algorithm=AlgorithmSection(routing_replay=replay),
@@ -107,7 +108,7 @@ def score(model, batch, *, replay: bool, temperature: float, pack: str) -> dict[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--experts", type=int, default=8)
@@ -125,12 +126,12 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--pack", default="none", choices=["none", "tree"])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    report = harness.Output(args)
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
 
     def progress(what: str) -> None:
-        print(f"[{time.perf_counter() - started:6.1f}s] {what}", file=sys.stderr, flush=True)
+        report.progress(f"[{time.perf_counter() - started:6.1f}s] {what}")
 
     started = time.perf_counter()
     model, tok = tiny.tiny_model(
@@ -194,21 +195,34 @@ def main() -> None:
         "seconds": time.perf_counter() - started,
         "train_seconds": train_s,
     }
-    print(
-        f"{'engine':9} {'trainer':8} {'replay':6} {'pearson':>10} {'max|diff|':>10} "
-        f"{'mean|diff|':>10} {'routing changed':>15}"
+    report.table(
+        [
+            ("engine", "<"),
+            ("trainer", "<"),
+            ("replay", "<"),
+            ("pearson", ".6f"),
+            ("max|diff|", ".2e"),
+            ("mean|diff|", ".2e"),
+            ("routing changed", ".4f"),
+        ],
+        [
+            [
+                r["engine"],
+                r["trainer"],
+                str(r["replay"]),
+                r["pearson"],
+                r["max_abs_diff"],
+                r["mean_abs_diff"],
+                r["routing_changed"],
+            ]
+            for r in rows
+        ],
     )
-    for r in rows:
-        print(
-            f"{r['engine']:9} {r['trainer']:8} {r['replay']!s:6} {r['pearson']:10.6f} "
-            f"{r['max_abs_diff']:10.2e} {r['mean_abs_diff']:10.2e} {r['routing_changed']:15.4f}"
-        )
-    print(
+    report.print(
         f"bf16 rollout, fp32 trainer: Pearson {bf_off['pearson']:.6f} -> {bf_on['pearson']:.6f} "
         f"with replay; max |diff| {bf_off['max_abs_diff']:.3g} -> {bf_on['max_abs_diff']:.3g}"
     )
-    if args.json:
-        print(json.dumps(out))
+    report.result(out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     .venv/bin/python bench/sandbox_start.py               # docker (needs dockerd + base image)
     .venv/bin/python bench/sandbox_start.py --backend local --backend docker
     eval "$(scripts/k8s-up)"; .venv/bin/python bench/sandbox_start.py --backend k8s
+    .venv/bin/python bench/sandbox_start.py --backend local --json  # one JSON object
 
 1. start -> first exec with a cached image (``backend.start`` + ``exec("true")``), against a
    bare ``docker run --rm IMAGE true`` of the same image, interleaved, medians compared.
@@ -15,14 +16,14 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
 import time
 from pathlib import Path
+
+import harness
 
 from slr.plugins import get_plugin_manager
 from slr.rollout.trial import StandInSessions, new_trial_id, run_trial, run_trials
@@ -150,18 +151,69 @@ async def bench(name: str, reps: int, per_level: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = harness.parser(__doc__, whole_doc=True)
     p.add_argument("--backend", action="append", help="docker (default), local and/or k8s")
     p.add_argument("--reps", type=int, default=10, help="start-latency samples")
     p.add_argument(
         "--trials", type=int, default=8, help="trials per concurrency level (min 2x; 0: skip)"
     )
     args = p.parse_args()
+    out = harness.Output(args)
     from slr import log
 
     log.configure(level="warning")
     reports = [asyncio.run(bench(b, args.reps, args.trials)) for b in args.backend or ["docker"]]
-    print(json.dumps(reports, indent=2))
+    out.table(
+        [
+            ("backend", "<"),
+            ("start → exec s", ".3f"),
+            ("bare docker run s", ".3f"),
+            ("ratio", ".2f"),
+            ("plain s", ".3f"),
+            ("pool s", ".3f"),
+            ("pool ratio", ".3f"),
+        ],
+        [
+            [
+                r["backend"],
+                r["start_to_first_exec_s"],
+                r.get("bare_docker_run_s"),
+                r.get("ratio_vs_bare_docker_run"),
+                r["pool"]["start_to_first_exec_s"],
+                r["pool"]["pool_start_to_first_exec_s"],
+                r["pool"]["pool_ratio"],
+            ]
+            for r in reports
+        ],
+        title="start to first exec, medians (interleaved)",
+    )
+    levels = [(r["backend"], t) for r in reports for t in r.get("throughput", [])]
+    if levels:
+        out.table(
+            [
+                ("backend", "<"),
+                "concurrency",
+                "trials",
+                "solved",
+                ("seconds", ".2f"),
+                ("trials/min", ".1f"),
+                ("median trial s", ".3f"),
+            ],
+            [
+                [
+                    b,
+                    t["concurrency"],
+                    t["trials"],
+                    t["solved"],
+                    t["seconds"],
+                    t["trials_per_min"],
+                    t["median_trial_s"],
+                ]
+                for b, t in levels
+            ],
+            title="\ntrials per minute, oracle agent",
+        )
+    out.result({"reports": reports})
 
 
 if __name__ == "__main__":

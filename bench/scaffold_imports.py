@@ -22,12 +22,13 @@ the driver's environment, outside any sandbox, and reports per scaffold:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 from typing import Any
+
+import harness
 
 from slr.agents.bundle_recipes import python_bin, python_env
 from slr.agents.prestart_main import FREEZE_IMPORTS_ENV
@@ -171,30 +172,37 @@ def bench(agent_name: str, runs: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = harness.parser(__doc__, whole_doc=True)
     p.add_argument("--agent", action="append", help="openhands (default) and/or terminus")
     p.add_argument("--runs", type=int, default=5, help="fresh interpreters per setting")
-    p.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = p.parse_args()
+    out = harness.Output(args)
     names = args.agent or ["openhands"]
     unknown = sorted(set(names) - set(PYTHON_SCAFFOLDS))
     if unknown:
         raise SystemExit(f"--agent {unknown}: this bench knows {', '.join(PYTHON_SCAFFOLDS)}")
     reports = [bench(name, args.runs) for name in names]
-    print(f"{'agent':10} {'modules':>8} {'before CPU s':>13} {'after CPU s':>12} {'ratio':>6}  "
-          "litellm deferrable / executed by; largest import-time shares")  # fmt: skip
+    rows: list[list[object]] = []
     for r in reports:
         c = r["cpu_s"]
-        print(
-            f"{r['agent']:10} {r['modules']:8d} {c['before']:13.3f} {c['after']:12.3f} "
-            f"{r['ratio']:6.2f}  {'yes' if r['litellm_deferrable'] else 'no'}: "
-            f"{r['litellm_executed_by']}"
-            + (f" (then: {r['lazy_litellm_error']})" if r["lazy_litellm_error"] else "")
-        )
+        litellm = f"{'yes' if r['litellm_deferrable'] else 'no'}: {r['litellm_executed_by']}"
+        if r["lazy_litellm_error"]:
+            litellm += f" (then: {r['lazy_litellm_error']})"
         shares = ", ".join(f"{n} {s:.0%}" for n, s in r["importtime_shares"])
-        print(f"{'':10} {'':8} {'':13} {'':12} {'':6}  {shares}")
-    if args.json:
-        print(json.dumps({"reports": reports}))
+        rows.append([r["agent"], r["modules"], c["before"], c["after"], r["ratio"], litellm])
+        rows.append(["", "", "", "", "", shares])
+    out.table(
+        [
+            ("agent", "<"),
+            ("modules", ">"),
+            ("before CPU s", ">.3f"),
+            ("after CPU s", ">.3f"),
+            ("ratio", ">.2f"),
+            ("litellm deferrable / executed by; largest import-time shares", "<"),
+        ],
+        rows,
+    )
+    out.result({"reports": reports})
 
 
 if __name__ == "__main__":

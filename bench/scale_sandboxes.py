@@ -43,6 +43,8 @@ import statistics
 import time
 from pathlib import Path
 
+import harness
+
 from slr.plugins import get_plugin_manager
 from slr.rollout.trial import new_trial_id
 from slr.tasks import load_tasks
@@ -338,15 +340,13 @@ async def k8s_bench(pods: int) -> dict:
     }
 
 
-def _table(rows: list[dict]) -> str:
+def _table(rows: list[dict], out: harness.Output) -> None:
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    lines = [" | ".join(keys), " | ".join("---" for _ in keys)]
-    lines += [" | ".join(str(r.get(k, "-")) for k in keys) for r in rows]
-    return "\n".join(lines)
+    out.table(keys, [[r.get(k) for k in keys] for r in rows])
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument(
         "--n", type=int, action="append", help="concurrent docker trials (repeat: 8 and 128)"
     )
@@ -370,15 +370,15 @@ def main() -> None:
     ap.add_argument("--level", type=int, help=argparse.SUPPRESS)  # one size, this process
     ap.add_argument("--skip-docker", action="store_true")
     ap.add_argument("--skip-k8s", action="store_true")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
+    out = harness.Output(args)
     sizes = sorted(set(args.n or [8, 128]))
     if min(sizes) < 1 or args.pods < 1 or args.execs < 1 or args.rounds < 1:
         ap.error("--n, --pods, --execs and --rounds must be >= 1")
     get_plugin_manager()  # load the plugins (and their structlog routing) before timing
     if args.level is not None:
         level = _docker_level(args.level, args.execs, args.think_s, args.seed, args.daemon)
-        print(json.dumps(asyncio.run(level)))
+        print(json.dumps(asyncio.run(level)))  # to the parent, which reads the last line
         return
     report: dict = {"sizes": {}}
     if not args.skip_docker:
@@ -389,18 +389,18 @@ def main() -> None:
             ap.error('no KUBECONFIG: eval "$(scripts/k8s-up)" first, or pass --skip-k8s')
         report["sizes"]["pods"] = args.pods
         report["k8s"] = asyncio.run(k8s_bench(args.pods))
-    if args.json:
-        print(json.dumps(report))
-        return
     if "docker" in report:
-        print(_table(report["docker"]["levels"]))
-        print("p99 at the largest N / p99 at the smallest (goal <= 2 for the paced load):")
+        _table(report["docker"]["levels"], out)
+        out.print("p99 at the largest N / p99 at the smallest (goal <= 2 for the paced load):")
         for name, ratio in report["docker"]["p99_ratio_largest_vs_smallest"].items():
-            print(f"  {name}: {ratio}")
-        print()
+            out.print(f"  {name}: {ratio}")
+        out.print()
     if "k8s" in report:
-        print(_table(report["k8s"]["levels"]))
-        print(f"API request rate, poll / watch: {report['k8s']['request_rate_before_over_after']}")
+        _table(report["k8s"]["levels"], out)
+        out.print(
+            f"API request rate, poll / watch: {report['k8s']['request_rate_before_over_after']}"
+        )
+    out.result(report)
 
 
 if __name__ == "__main__":

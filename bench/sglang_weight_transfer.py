@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import harness
 
 ROUTES = ("disk", "distributed", "tensor")
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,29 +100,31 @@ async def _measure(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--bucket-mb", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()
+    out = harness.Output(args)
     report = asyncio.run(_measure(args))
-    if args.json:
-        print(json.dumps(report))
-        return
     m = report["model"]
-    print(
-        f"model: {m['layers']} layers, hidden {m['hidden']}, {m['bytes'] / 1e6:.1f} MB; "
-        f"bucket {report['bucket_mb']} MB; median of {report['repeats']}"
+    out.table(
+        [
+            ("route", "<"),
+            ("median s", ".3f"),
+            ("min s", ".3f"),
+            ("MB/s", ".1f"),
+            ("vs disk", ".2f"),
+        ],
+        [
+            [route, row["median_s"], row["min_s"], row["mb_per_s"], row["vs_disk"]]
+            for route, row in report["routes"].items()
+        ],
+        title=f"model: {m['layers']} layers, hidden {m['hidden']}, {m['bytes'] / 1e6:.1f} MB; "
+        f"bucket {report['bucket_mb']} MB; median of {report['repeats']}",
     )
-    print(f"{'route':<12} {'median s':>9} {'min s':>8} {'MB/s':>8} {'vs disk':>8}")
-    for route, row in report["routes"].items():
-        print(
-            f"{route:<12} {row['median_s']:>9.3f} {row['min_s']:>8.3f} "
-            f"{row['mb_per_s']:>8.1f} {row['vs_disk']:>8.2f}"
-        )
-    print(json.dumps(report))
+    out.result(report)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -56,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness
 from private_dockerd import PrivateDockerd
 from soak_audit import audit, first_progress_after
 
@@ -465,7 +465,7 @@ def run_soak(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__, json_path=True)
     ap.add_argument("--duration", type=float, default=120, help="about how long faults go on")
     ap.add_argument("--trials", type=int, default=48, help="trials to train on (sets steps)")
     ap.add_argument("--concurrency", type=int, default=4)
@@ -486,7 +486,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--grace", type=float, default=600, help="seconds to finish after faults")
     ap.add_argument("--max-crashes", type=int, default=3, help="unplanned stops resumed")
     ap.add_argument("--keep", type=Path, default=None, help="copy the run directory here")
-    ap.add_argument("--json", dest="json_path", default=None, help="also write the JSON here")
     ap.add_argument("--report", action="store_true", help="write docs/reliability.md")
     ap.add_argument("--soak-json", type=Path, action="append",
                     help="--report: a soak's JSON (repeat for several; default: soak now)")  # fmt: skip
@@ -495,7 +494,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def print_table(out: dict[str, Any]) -> None:
+def print_table(out: dict[str, Any], report: harness.Output) -> None:
     rows = [
         ("trials recorded", out.get("trials_recorded"), "kept + discarded by resume"),
         ("completed", out.get("completed"), ""),
@@ -506,15 +505,14 @@ def print_table(out: dict[str, Any]) -> None:
         ("steps trained on infra", out.get("steps_trained_on_infra"), "goal 0"),
         ("unplanned stops", out.get("crashes"), f"resumes: {out.get('resumes')}"),
     ]
-    for name, value, note in rows:
-        print(f"{name:<26} {value!s:>8}  {note}")
-    print(f"{'fault':<12} {'injected':>8} {'recovered':>9} {'mean s':>7} {'max s':>7}")
-    for kind, f in out.get("faults", {}).items():
-        fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-        print(
-            f"{kind:<12} {f['injected']:>8} {f['recovered']:>9} "
-            f"{fmt(f['recover_mean_s']):>7} {fmt(f['recover_max_s']):>7}"
-        )
+    report.table([("figure", "<"), ("value", ">"), ("note", "<")], rows)
+    report.table(
+        [("fault", "<"), "injected", "recovered", ("mean s", ".1f"), ("max s", ".1f")],
+        [
+            [kind, f["injected"], f["recovered"], f["recover_mean_s"], f["recover_max_s"]]
+            for kind, f in out.get("faults", {}).items()
+        ],
+    )
 
 
 def main() -> None:
@@ -536,10 +534,9 @@ def main() -> None:
         print(f"wrote {path}")
         return
     out = run_soak(args)
-    print_table(out)
-    print(json.dumps(out, default=str))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(out, indent=2, default=str))
+    report = harness.Output(args)
+    print_table(out, report)
+    report.result(out, default=str)
 
 
 if __name__ == "__main__":

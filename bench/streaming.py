@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+import harness
+
 PROMPT = "Tell me a long story about a robot who learns to write code."
 
 
@@ -84,11 +86,10 @@ def _engine(name: str):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--model", default="tiny", help="tiny (random) or a model the hf engine loads")
     ap.add_argument("--tokens", type=int, default=200, help="tokens per answer")
     ap.add_argument("--reps", type=int, default=3, help="calls per API and mode")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tokens < 1 or args.reps < 1:
@@ -104,7 +105,7 @@ def main() -> None:
                 out.setdefault(f"anthropic:{flag}", []).append(
                     _anthropic_call(urls, stream, args.tokens)
                 )
-        print(json.dumps(out))
+        print(json.dumps(out))  # to the parent, which reads the last line
         return
 
     import asyncio
@@ -165,14 +166,10 @@ def main() -> None:
         )
     rows.sort(key=lambda r: (r["api"], not r["stream"]))
     report = {"model": args.model, "tokens": args.tokens, "reps": args.reps, "rows": rows}
-    if args.json:
-        print(json.dumps(report))
-        return
+    output = harness.Output(args)
     keys = list(rows[0])
-    print(" | ".join(keys))
-    print(" | ".join("---" for _ in keys))
-    for r in rows:
-        print(" | ".join(str(r[k]) for k in keys))
+    output.table(keys, [[r[k] for k in keys] for r in rows])
+    output.result(report)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,16 @@ clipping) and less (its LM head runs only where a policy token is predicted).
 
     .venv/bin/python bench/trainer_throughput.py                     # a tiny random model
     .venv/bin/python bench/trainer_throughput.py --model PATH        # e.g. SmolLM2-135M
+    .venv/bin/python bench/trainer_throughput.py --json              # one JSON object
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
+from typing import TYPE_CHECKING, cast
 
+import harness
 import torch
 from slr_optimizer_torch import batch as batching
 from slr_optimizer_torch.config import TorchOptimizerConfig
@@ -25,6 +26,9 @@ from slr_optimizer_torch.optimizer import TorchOptimizer
 from slr_optimizer_torch.testing import tiny_causal_lm, trial
 
 from slr.config import AlgorithmSection
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def make_trials(vocab: int, *, groups: int, n: int, prompt: int, response: int, seed: int):
@@ -75,7 +79,7 @@ def bare_step(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--model", default="", help="HF model folder; default: a tiny random model")
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--n", type=int, default=4, help="trials per group")
@@ -84,13 +88,17 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    out = harness.Output(args)
 
     torch.manual_seed(0)
     if args.model:
         model = load_causal_lm(args.model, dtype=torch.float32, device=torch.device("cpu"))
     else:
-        model = tiny_causal_lm(vocab_size=4096, hidden_size=128, layers=4)
-    vocab = int(model.get_output_embeddings().weight.shape[0])
+        # a PreTrainedModel (transformers' AutoModelForCausalLM), typed as a torch Module
+        model = cast("PreTrainedModel", tiny_causal_lm(vocab_size=4096, hidden_size=128, layers=4))
+    head = model.get_output_embeddings()
+    assert isinstance(head, torch.nn.Linear), head
+    vocab = int(head.weight.shape[0])
     trials = make_trials(
         vocab,
         groups=args.groups,
@@ -145,7 +153,19 @@ def main() -> None:
             med_cpu["step"] / med_cpu["bare_selective_head"], 3
         ),
     }
-    print(json.dumps(result, indent=2))
+    out.table(
+        [("variant", "<"), ("tokens/s wall", ".1f"), ("tokens/CPU s", ".1f")],
+        [[k, med[k], med_cpu[k]] for k in variants],
+        title=f"{result['model']}: {result['sequences']} sequences, "
+        f"{result['tokens_per_step']} tokens a step in {result['micro_batches']} micro-batches, "
+        f"median of {args.repeats}, torch threads {result['torch_threads']}",
+    )
+    out.print(
+        f"step / bare: wall {result['ratio_step_over_bare_wall']:.3f}, CPU "
+        f"{result['ratio_step_over_bare_cpu']:.3f}; step / bare with the selective head: CPU "
+        f"{result['ratio_step_over_bare_selective_head_cpu']:.3f}"
+    )
+    out.result(result)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,12 @@ packed tree gets long.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import random
 import statistics
 import time
 
+import harness
 import torch
 from slr_optimizer_torch import batch as batching
 from slr_optimizer_torch import packing
@@ -160,7 +159,7 @@ def attention_pairs(opt: TorchOptimizer, tb: batching.TrainBatch) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--model", default="", help="model to train; default: tiny random Llama")
     parser.add_argument("--tokenizer", default="smollm2-135m-instruct")
     parser.add_argument("--trials", type=int, default=2, help="sessions in the group")
@@ -170,8 +169,8 @@ def main() -> None:
     parser.add_argument("--system-words", type=int, default=400)
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    report = harness.Output(args)
 
     from slr_engine_hf.models import ensure_tokenizer
     from transformers import AutoTokenizer
@@ -201,7 +200,7 @@ def main() -> None:
     for mode in ("none", "tree"):
         opts[mode] = TorchOptimizer(
             TorchOptimizerConfig(
-                lr=1e-6, pack=mode, micro_batch_tokens=args.micro_batch_tokens, grad_clip=0.0
+                lr=1e-6, pack=mode, micro_batch_tokens=args.micro_batch_tokens, clip_grad=0.0
             ),
             algorithm=AlgorithmSection(),
             temperature=1.0,
@@ -249,30 +248,38 @@ def main() -> None:
     out["step_cpu_speedup"] = out["copies"]["step_cpu_s"] / out["tree"]["step_cpu_s"]
     out["goal_met"] = out["tree"]["over_unique"] <= 1.5
 
-    if args.json:
-        print(json.dumps(out))
-        return
-    print(
-        f"{out['sessions']} sessions x {args.turns} turns, {out['segments']} segments "
+    report.table(
+        [
+            ("layout", "<"),
+            "tokens/update",
+            ("x unique", ".2f"),
+            ("attn pairs", ".3g"),
+            "micro-batches",
+            ("step s", ".2f"),
+            ("step CPU s", ".2f"),
+        ],
+        [
+            [
+                label,
+                r["tokens_per_update"],
+                r["over_unique"],
+                r["attention_pairs"],
+                r["micro_batches"],
+                r["step_s"],
+                r["step_cpu_s"],
+            ]
+            for label, r in ((label, out[label]) for label in ("copies", "tree"))
+        ],
+        title=f"{out['sessions']} sessions x {args.turns} turns, {out['segments']} segments "
         f"({out['rewrites']} rewrites, {out['forks']} forks), {out['unique_tokens']} unique "
-        f"tokens, {out['policy_tokens']} policy tokens, model {out['model']}"
+        f"tokens, {out['policy_tokens']} policy tokens, model {out['model']}",
     )
-    print(
-        "| layout | tokens/update | x unique | attn pairs | micro-batches | step s | step CPU s |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for label in ("copies", "tree"):
-        r = out[label]
-        print(
-            f"| {label} | {r['tokens_per_update']} | {r['over_unique']:.2f} | "
-            f"{r['attention_pairs']:.3g} | {r['micro_batches']} | {r['step_s']:.2f} | "
-            f"{r['step_cpu_s']:.2f} |"
-        )
-    print(
+    report.print(
         f"copies / tree: {out['tokens_copies_over_tree']:.2f}x tokens, "
         f"{out['step_speedup']:.2f}x step time ({out['step_cpu_speedup']:.2f}x CPU time); "
         f"goal (tree <= 1.5x unique): {out['goal_met']}"
     )
+    report.result(out)
 
 
 if __name__ == "__main__":

@@ -17,15 +17,14 @@ loads ``packing.py`` by its path.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import harness
 import torch
 
 _PACKING = Path(__file__).resolve().parents[1] / "plugins/optimizer-torch/src/slr_optimizer_torch"
@@ -60,14 +59,14 @@ def session(rng: random.Random, vocab: int, system: list[int], turns: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--budget", type=int, default=8192, help="micro-batch tokens")
     parser.add_argument("--turns", type=int, default=50)
     parser.add_argument("--small", action="store_true", help="a tiny model and session")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    report = harness.Output(args)
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     dev = torch.device(args.device)
@@ -99,8 +98,9 @@ def main() -> None:
             num_key_value_heads=3,
             max_position_embeddings=32768,
             tie_word_embeddings=True,
-            rope_theta=100000.0,
-            attn_implementation="sdpa",
+            # older keywords, taken through transformers' **kwargs
+            rope_theta=100000.0,  # pyright: ignore[reportCallIssue]
+            attn_implementation="sdpa",  # pyright: ignore[reportCallIssue]
         )
     ).to(dev)
 
@@ -180,17 +180,19 @@ def main() -> None:
         if dev.type == "cuda":
             out[name]["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     out["speedup"] = out["copies"]["fwd_bwd_s"] / out["tree"]["fwd_bwd_s"]
-    if args.json:
-        print(json.dumps(out))
-        return
-    print(f"{out['device']}, budget {args.budget}, {n} rows, {out['unique_tokens']} unique tokens")
-    print("| layout | tokens | micro-batches | fwd+bwd s | peak GiB |")
-    print("| --- | --- | --- | --- | --- |")
-    for name in ("copies", "tree"):
-        r = out[name]
-        peak = f"{r['peak_gib']:.1f}" if "peak_gib" in r else "-"
-        print(f"| {name} | {r['tokens']} | {r['micro_batches']} | {r['fwd_bwd_s']:.3f} | {peak} |")
-    print(f"copies / tree: {out['speedup']:.2f}x; fp32 max |diff| {out['fp32_max_abs_diff']:.1e}")
+    report.table(
+        [("layout", "<"), "tokens", "micro-batches", ("fwd+bwd s", ".3f"), ("peak GiB", ".1f")],
+        [
+            [name, r["tokens"], r["micro_batches"], r["fwd_bwd_s"], r.get("peak_gib")]
+            for name, r in ((name, out[name]) for name in ("copies", "tree"))
+        ],
+        title=f"{out['device']}, budget {args.budget}, {n} rows, "
+        f"{out['unique_tokens']} unique tokens",
+    )
+    report.print(
+        f"copies / tree: {out['speedup']:.2f}x; fp32 max |diff| {out['fp32_max_abs_diff']:.1e}"
+    )
+    report.result(out)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ Per agent:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import harness
 
 from slr.contracts import Endpoint, Trajectory
 from slr.plugins import get_plugin_manager
@@ -269,7 +269,7 @@ async def bench(backend_name: str, agent_name: str, trials: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = harness.parser(__doc__, whole_doc=True)
     p.add_argument("--backend", action="append", help="local (default) and/or docker")
     p.add_argument(
         "--agent",
@@ -277,8 +277,8 @@ def main() -> None:
         help="oracle (default), mini-swe-agent, openhands, terminus, claude-code, opencode",
     )
     p.add_argument("--trials", type=int, default=5, help="trials per setting, agent and backend")
-    p.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = p.parse_args()
+    out = harness.Output(args)
     from slr import log
 
     log.configure(level="warning")
@@ -287,42 +287,28 @@ def main() -> None:
         for a in args.agent or ["oracle"]
         for b in args.backend or ["local"]
     ]
-    head = (
-        "start s",
-        "startup s",
-        "fixed wall s",
-        "start CPU s",
-        "startup CPU s",
-        "+pool CPU s",
-        "sandbox CPU s",
-        "startup ratio",
-        "+pool ratio",
-        "CPU ratio",
+    columns = {
+        "start_s": "start s",
+        "startup_s": "startup s",
+        "fixed_wall_s": "fixed wall s",
+        "start_cpu_s": "start CPU s",
+        "startup_cpu_s": "startup CPU s",
+        "startup_pool_cpu_s": "+pool CPU s",
+        "cpu_s": "sandbox CPU s",
+        "startup_cpu_s_ratio": "startup ratio",
+        "startup_pool_cpu_s_ratio": "+pool ratio",
+        "cpu_s_ratio": "CPU ratio",
+    }
+    out.table(
+        [("agent", "<"), ("backend", "<"), ("setting", "<")]
+        + [(head, ">.3f") for head in columns.values()],
+        [
+            [r["agent"], r["backend"], mode, *(m[k] for k in columns)]
+            for r in reports
+            for mode, m in r["modes"].items()
+        ],
     )
-    print(f"{'agent':15} {'backend':8} {'setting':11} " + " ".join(f"{h:>13}" for h in head))
-
-    def cell(v: float | None) -> str:
-        return f"{'-':>13}" if v is None else f"{v:13.3f}"
-
-    for r in reports:
-        for mode, m in r["modes"].items():
-            keys = (
-                "start_s",
-                "startup_s",
-                "fixed_wall_s",
-                "start_cpu_s",
-                "startup_cpu_s",
-                "startup_pool_cpu_s",
-                "cpu_s",
-                "startup_cpu_s_ratio",
-                "startup_pool_cpu_s_ratio",
-                "cpu_s_ratio",
-            )
-            print(
-                f"{r['agent']:15} {r['backend']:8} {mode:11} " + " ".join(cell(m[k]) for k in keys)
-            )
-    if args.json:
-        print(json.dumps({"reports": reports}))
+    out.result({"reports": reports})
 
 
 if __name__ == "__main__":

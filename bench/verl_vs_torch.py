@@ -12,19 +12,17 @@ policy-token log-probs after the update. ``--world-sizes 1,2`` runs verl at worl
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import sys
-from typing import Any
 
+import harness
 from slr_optimizer_verl.testing import agreement_trials, compare
 
 from slr.config import AlgorithmSection
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--n", type=int, default=3)
@@ -32,7 +30,6 @@ def main() -> None:
     parser.add_argument("--policy-loss", default="vanilla")
     parser.add_argument("--trials", type=int, default=0, help="keep the first K trials (0: all)")
     parser.add_argument("--world-sizes", default="1", help="verl world sizes, e.g. 1,2")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
     from slr_optimizer_torch.model import resolve_model_name
@@ -56,41 +53,39 @@ def main() -> None:
     out["model"] = args.model
     out["trials"] = len(trials)
     out["policy_loss"] = args.policy_loss
-    if args.json:
-        print(json.dumps(out))
-        return
-    print_table(out)
+    report = harness.Output(args)
+    print_table(out, report)
+    report.result(out)
 
 
-def print_table(out: dict) -> None:
+def print_table(out: dict, report: harness.Output) -> None:
     """``compare``'s figures (with ``model``, ``trials``, ``policy_loss``) as a table."""
     world_sizes = sorted(int(key[2:]) for key in out if key.startswith("ws"))
-    columns: list[tuple[str, Any]] = [("torch", None), ("verl ws1", None)]
-    columns += [(f"verl ws{w}", out[f"ws{w}"]) for w in world_sizes]
-    print(
-        f"one GRPO step ({out['policy_loss']}), {out['trials']} trials, "
-        f"{out['policy_tokens']} policy tokens, {out['model']}"
+    runs = [f"ws{w}" for w in world_sizes]
+    names = ["torch", "verl ws1"] + [f"verl {r}" for r in runs]
+    losses = [out["torch_loss"], out["verl_loss"]] + [out[r]["loss"] for r in runs]
+    norms = [out["torch_grad_norm"], out["verl_grad_norm"]] + [out[r]["grad_norm"] for r in runs]
+    secs = [out["torch_s"], out["verl_s"]] + [out[r]["s"] for r in runs]
+    report.table(
+        ["", *((n, ">") for n in names)],
+        [
+            ["policy loss", *(f"{v:.6e}" for v in losses)],
+            ["grad norm", *(f"{v:.6f}" for v in norms)],
+            ["wall time (s)", *(f"{v:.1f}" for v in secs)],
+        ],
+        title=f"one GRPO step ({out['policy_loss']}), {out['trials']} trials, "
+        f"{out['policy_tokens']} policy tokens, {out['model']}",
     )
-    print(f"{'':<24}" + "".join(f"{name:>14}" for name, _ in columns))
-    losses = [out["torch_loss"], out["verl_loss"]] + [r["loss"] for _, r in columns[2:]]
-    norms = [out["torch_grad_norm"], out["verl_grad_norm"]]
-    norms += [r["grad_norm"] for _, r in columns[2:]]
-    secs = [out["torch_s"], out["verl_s"]] + [r["s"] for _, r in columns[2:]]
-    print(f"{'policy loss':<24}" + "".join(f"{v:>14.6e}" for v in losses))
-    print(f"{'grad norm':<24}" + "".join(f"{v:>14.6f}" for v in norms))
-    print(f"{'wall time (s)':<24}" + "".join(f"{v:>14.1f}" for v in secs))
-    print("relative difference vs torch (and vs verl ws1)")
-    rows = [("ws1 vs torch", out)] + [
+    diffs = [("ws1 vs torch", out)] + [
         (f"ws{w} vs {other}", out[f"ws{w}"][f"vs_{other}"])
         for w in world_sizes
         for other in ("torch", "ws1")
     ]
-    print(f"{'':<24}{'loss':>12}{'grad norm':>12}{'log-probs':>12}")
-    for name, diff in rows:
-        print(
-            f"{name:<24}{diff['loss_rel']:>12.2e}{diff['grad_norm_rel']:>12.2e}"
-            f"{diff['logprobs_rel_max']:>12.2e}"
-        )
+    report.table(
+        ["", ("loss", ".2e"), ("grad norm", ".2e"), ("log-probs", ".2e")],
+        [[n, d["loss_rel"], d["grad_norm_rel"], d["logprobs_rel_max"]] for n, d in diffs],
+        title="relative difference vs torch (and vs verl ws1)",
+    )
 
 
 if __name__ == "__main__":

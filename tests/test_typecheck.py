@@ -1,5 +1,6 @@
 """The whole tree type-checks: pyright (standard mode, configured in the root pyproject.toml)
-over core, the CLI and every plugin distribution, with the development venv's packages."""
+over core, the CLI, every plugin distribution and the benchmarks, with the development venv's
+packages."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ def test_pyright_reports_no_errors():
     assert proc.returncode == 0, f"pyright: {summary[0]}\n{proc.stdout}\n{proc.stderr}"
 
 
+#: What pyright checks besides the distributions' sources: folders of scripts, not installed.
+OUTSIDE_DISTRIBUTIONS = ("bench",)
+
+
 def test_every_distribution_is_type_checked():
     members = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "members.py")],
@@ -58,6 +63,11 @@ def test_every_distribution_is_type_checked():
         p for p in config["include"] if p.endswith("/src") and p[: -len("/src")] not in members
     ]
     assert not stale, f"remove {stale} from [tool.pyright] include: no such distribution"
+    other = [p for p in config["include"] if not p.endswith("/src")]
+    assert sorted(other) == sorted(OUTSIDE_DISTRIBUTIONS), (
+        f"[tool.pyright] include has {other} besides the distributions' sources; "
+        f"expected {list(OUTSIDE_DISTRIBUTIONS)} (OUTSIDE_DISTRIBUTIONS in this test)"
+    )
 
 
 #: ``Any`` in slr-core's sources (names in code, not comments or strings): 413 before the

@@ -24,7 +24,6 @@ Without a GPU it exits with status 2 and says so, unless ``--device cpu`` is giv
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -37,7 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
-
+sys.path.insert(0, str(ROOT / "bench"))  # run as bench/gpu/torch_only.py: the harness is one up
+import harness  # noqa: E402
 
 # -- part A: a causal LM in plain torch -------------------------------------------------
 
@@ -100,19 +100,10 @@ def compare(rollout: list[float], trainer: list[float]) -> dict[str, float]:
     }
 
 
-def timed(fn, device: torch.device, repeats: int) -> float:
+def median_ms(fn, device: torch.device, repeats: int) -> float:
     """Median milliseconds of ``fn()`` over ``repeats`` runs (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    return harness.median_timed(fn, repeats=repeats, warmup=1, sync=sync)[1] * 1000
 
 
 def part_a(device: torch.device, *, quick: bool) -> dict:
@@ -175,7 +166,7 @@ def part_a(device: torch.device, *, quick: bool) -> dict:
         loss.backward()
         optim.step()
 
-    step_ms = timed(train_step, device, 2 if quick else 20)
+    step_ms = median_ms(train_step, device, 2 if quick else 20)
     return {
         "tokens_compared": len(rollout_lp),
         "rollout_bf16_vs_trainer_fp32": compare(rollout_lp, fp32),
@@ -279,15 +270,12 @@ def part_b(device: torch.device, *, quick: bool) -> dict:
             [0.0] * len(p) + list(g.logprobs),
         )
         trials.append(trial(f"t{i}", f"g{i // 4}", [seg], float(i % 2)))
-    times = []
-    for _ in range(2 if quick else 5):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        metrics = optimizer.step(trials)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1000)
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    runs = [
+        harness.timed(lambda: optimizer.step(trials), sync=sync) for _ in range(2 if quick else 5)
+    ]
+    metrics = runs[-1][0]
+    times = [s * 1000 for _, s in runs]
     out["optimizer"] = {
         "step_ms_median": statistics.median(times),
         "first_step_ms": times[0],
@@ -297,14 +285,14 @@ def part_b(device: torch.device, *, quick: bool) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, json_path=True)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--json", help="also write the results here")
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes: a dry run of the code (e.g. on a CPU)"
     )
     parser.add_argument("--skip-b", action="store_true", help="torch only: skip part B")
     args = parser.parse_args()
+    out = harness.Output(args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(
             "torch_only.py: no CUDA device is visible to torch (torch "
@@ -321,8 +309,6 @@ def main() -> int:
     results["part_a"] = part_a(device, quick=args.quick)
     results["part_b"] = {"skipped": "--skip-b"} if args.skip_b else part_b(device, quick=args.quick)
     a = results["part_a"]
-    print(f"device: {results['device']}  torch {results['torch']}")
-    print(f"{'check':<40} {'pearson':>10} {'max|diff|':>10} {'mean|diff|':>11}")
     rows = [
         ("A rollout bf16 vs trainer fp32", a["rollout_bf16_vs_trainer_fp32"]),
         ("A rollout bf16 vs trainer bf16", a["rollout_bf16_vs_trainer_bf16"]),
@@ -331,17 +317,17 @@ def main() -> int:
         rows.append(
             ("B hf engine bf16 vs trainer fp32", results["part_b"]["engine_bf16_vs_trainer_fp32"])
         )
-    for name, m in rows:
-        print(
-            f"{name:<40} {m['pearson']:>10.6f} {m['max_abs_diff']:>10.4f} {m['mean_abs_diff']:>11.5f}"
-        )
-    print(
-        f"A train step (bf16 autocast): {a['train_step_ms_bf16']:.1f} ms, {a['train_tokens_per_s']:.0f} tokens/s"
+    out.table(
+        [("check", "<"), ("pearson", ".6f"), ("max|diff|", ".4f"), ("mean|diff|", ".5f")],
+        [[name, m["pearson"], m["max_abs_diff"], m["mean_abs_diff"]] for name, m in rows],
+        title=f"device: {results['device']}  torch {results['torch']}",
     )
-    print(f"B: {json.dumps(results['part_b'])}")
-    print(json.dumps(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    out.print(
+        f"A train step (bf16 autocast): {a['train_step_ms_bf16']:.1f} ms, "
+        f"{a['train_tokens_per_s']:.0f} tokens/s"
+    )
+    out.print(f"B: {json.dumps(results['part_b'])}")
+    out.result(results)
     return 0
 
 

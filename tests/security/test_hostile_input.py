@@ -10,6 +10,7 @@ recorded exactly.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "proxy_fuzz.py"
 
 
 def _fuzz():
+    sys.path.insert(0, str(BENCH.parent))  # its harness module
     spec = importlib.util.spec_from_file_location("proxy_fuzz", BENCH)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
