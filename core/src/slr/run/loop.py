@@ -47,6 +47,7 @@ from slr.cluster.workers import RolloutPool, start_rollout_workers
 from slr.config import Config
 from slr.contracts import (
     AgentAdapter,
+    ClosableOptimizer,
     Engine,
     Optimizer,
     SandboxBackend,
@@ -445,10 +446,9 @@ class Loop:
 
     def close(self) -> None:
         """End what outlives the trial recorder: a remote trainer (its actor)."""
-        close = getattr(self.parts.optimizer, "close", None)
-        if callable(close):
+        if isinstance(self.parts.optimizer, ClosableOptimizer):
             try:
-                close()
+                self.parts.optimizer.close()
             except Exception:
                 log.exception("closing the optimizer failed")
 
