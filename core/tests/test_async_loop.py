@@ -12,6 +12,7 @@ one run serves both the staleness-0 and the dynamic-sampling test.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -27,11 +28,21 @@ import pytest
 from slr import hookimpl
 from slr.agents.model_free import OracleAgent
 from slr.config import load_config
-from slr.contracts import AgentOutcome, TrialResult
+from slr.contracts import AgentOutcome, Reward, TrialResult
 from slr.plugins import PluginManager, get_plugin_manager, set_plugin_manager
 from slr.run import checkpoints
-from slr.run.async_loop import async_group_id, group_seq, group_specs, task_of_group, token_versions
+from slr.run.async_loop import (
+    AsyncLoop,
+    Group,
+    StepWindow,
+    async_group_id,
+    group_seq,
+    group_specs,
+    task_of_group,
+    token_versions,
+)
 from slr.run.directory import RunDir
+from slr.run.loop import Loop
 from slr.run.training import train
 from slr.tasks import load_tasks
 
@@ -159,6 +170,65 @@ def test_group_ids_are_deterministic_and_parse_back():
     assert specs[1].trial_id == f"g000123-{specs[1].task.id}-1"
     assert specs[0].group_id == async_group_id(123, specs[0].task)
     assert group_seq(specs[0].group_id) == 123 and group_seq("s00001-00-x") is None
+
+
+def bookkeeping_loop(tmp_path: Path, monkeypatch, **rollout) -> AsyncLoop:
+    """An ``AsyncLoop`` whose parts are never built (a stub ``Loop.__init__``: only the
+    loop's group bookkeeping is under test, which reads the config and the tasks)."""
+    cfg = load_config(
+        data=data(tmp_path, Path("unused"), steps=2, **rollout),
+        plugins=get_plugin_manager(),
+        only_plugins=("agent", "backend"),
+    )
+
+    def parts_not_built(self, config, run, plugins):
+        self.config, self.tasks = config, load_tasks(TASKS, include=INCLUDE)
+
+    monkeypatch.setattr(Loop, "__init__", parts_not_built)
+    return AsyncLoop(cfg, None, None)
+
+
+def finished_group(loop: AsyncLoop, seq: int, rewards: tuple[float, ...]) -> Group:
+    specs = loop._specs(seq)
+    trials = [
+        TrialResult(
+            trial_id=s.trial_id,
+            task_id=s.task.id,
+            termination="completed",
+            reward=Reward(value=r),
+            group_id=s.group_id,
+            weights_version=0,
+        )
+        for s, r in zip(specs, rewards, strict=True)
+    ]
+    return Group(seq=seq, specs=specs, version=0, trials=trials)
+
+
+def test_oversampled_counts_the_groups_replaced_on_the_steps_own_budget(tmp_path, monkeypatch):
+    # The budget (max_oversample per step) runs from one batch taken to the next; the
+    # metrics window from one weight update to the next. A group dropped while step 1
+    # trains is in step 1's window but on step 2's budget: step 1 over-sampled one group,
+    # as the sync loop's oversampled(...) counts it, not the window's two drops.
+    loop = bookkeeping_loop(tmp_path, monkeypatch, dynamic_sampling=True, max_oversample=1)
+    flat, mixed = (1.0, 1.0), (1.0, 0.0)
+
+    async def two_steps() -> list[dict[str, int]]:
+        loop.ahead = 4
+        loop._finished(finished_group(loop, 0, flat))  # dropped: step 1's budget
+        loop._finished(finished_group(loop, 1, flat))  # budget spent: kept
+        (first,) = await loop._take_batch(1)
+        assert first.seq == 1
+        loop._finished(finished_group(loop, 2, flat))  # while step 1 trains: step 2's budget
+        window, loop.window = loop.window, StepWindow()  # step 1's weights are out
+        one = window.groups_metrics(trained=1)
+        loop._finished(finished_group(loop, 3, mixed))
+        (second,) = await loop._take_batch(2)
+        assert second.seq == 3
+        return [one, loop.window.groups_metrics(trained=1)]
+
+    one, two = asyncio.run(two_steps())
+    assert [one["groups/dropped_no_signal"], two["groups/dropped_no_signal"]] == [2, 0]
+    assert [one["groups/oversampled"], two["groups/oversampled"]] == [1, 1]
 
 
 @pytest.fixture(scope="module")

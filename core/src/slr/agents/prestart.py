@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from slr.contracts import ExecResult, Sandbox
+from slr.contracts import ExecResult, PoolStarted, Sandbox
 
 log = structlog.get_logger()
 
@@ -97,9 +97,11 @@ class Prestarted:
             await self.server
 
 
-def take(sandbox: Any) -> Prestarted | None:
+def take(sandbox: Sandbox) -> Prestarted | None:
     """The sandbox's prestarted interpreter, once (None without one, or once taken)."""
-    prestarted = getattr(sandbox, "prestarted", None)
+    if not isinstance(sandbox, PoolStarted):
+        return None
+    prestarted = sandbox.prestarted
     if not isinstance(prestarted, Prestarted):
         return None
     sandbox.prestarted = None

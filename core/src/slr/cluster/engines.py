@@ -41,12 +41,14 @@ from attrs import frozen
 
 from slr.cluster import ray_runtime
 from slr.contracts import (
+    ClosableStream,
     ContextOverflow,
     Engine,
     EngineUnavailable,
     Generation,
     GenerationChunk,
     SamplingParams,
+    StatsReporting,
     UpdateMode,
 )
 from slr.contracts.engine import ChunkCollector
@@ -178,8 +180,7 @@ class EngineActor:
         return bool(await self.engine.health())
 
     async def stats(self) -> dict[str, Any]:
-        stats: Any = getattr(self.engine, "stats", None)
-        return {} if stats is None else dict(stats())
+        return dict(self.engine.stats()) if isinstance(self.engine, StatsReporting) else {}
 
     async def close(self) -> None:
         await self.engine.close()
@@ -231,9 +232,8 @@ class _Coalescer:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        close = getattr(self._chunks, "aclose", None)
-        if close is not None:
-            await close()
+        if isinstance(self._chunks, ClosableStream):
+            await self._chunks.aclose()
 
 
 def merge_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
@@ -571,14 +571,13 @@ def share_weights(state_dict: Any) -> Any:
 def replica_handles(engine: Any) -> list[ReplicaHandle]:
     """The Ray replicas behind ``engine`` (a balancer from ``start_engine_replicas``), as
     plain data for another process; empty when the engine is not made of Ray replicas."""
-    replicas = getattr(engine, "replicas", None)
-    if not isinstance(engine, LoadBalancer) or replicas is None:
+    if not isinstance(engine, LoadBalancer):
         return []
     return [
         ReplicaHandle(
             name=name, actor=e.actor, info={**e.info, "weights_version": e.weights_version}
         )
-        for name, e in replicas
+        for name, e in engine.replicas
         if isinstance(e, RayEngine)
     ]
 

@@ -361,7 +361,8 @@ async def start_rollout_workers(
     count = int(run.rollout_workers)
     if count < 1:
         raise ValueError(f"rollout_workers = {count}: workers start only for 1 or more")
-    if not replicas and getattr(session.agent, "needs_model", True):
+    agent = session.agent  # None: no agent was given, so assume one that calls the model
+    if not replicas and (agent is None or agent.needs_model):
         raise UsageError(
             f"run.rollout_workers = {count} needs the engine out of the driver: the "
             f"workers' proxies reach engine replicas, not the driver's embedded engine; "

@@ -1,18 +1,27 @@
 """Contracts: the protocols each plugin implements and the records they pass."""
 
-from slr.contracts.agent import BUNDLE_MOUNT, AgentAdapter, AgentOutcome, Bundle, Endpoint
+from slr.contracts.agent import (
+    BUNDLE_MOUNT,
+    AgentAdapter,
+    AgentOutcome,
+    Bundle,
+    Endpoint,
+    Prestarting,
+)
 from slr.contracts.engine import (
     UPDATE_MODES,
+    ClosableStream,
     ContextOverflow,
     Engine,
     EngineUnavailable,
     ForcedDecoding,
     SessionPinning,
+    StatsReporting,
     UpdateMode,
     collect,
 )
 from slr.contracts.network import NETWORK_MODES, NetworkMode, network_mode
-from slr.contracts.optimizer import Optimizer
+from slr.contracts.optimizer import ClosableOptimizer, Optimizer
 from slr.contracts.records import (
     ExecResult,
     Generation,
@@ -30,6 +39,7 @@ from slr.contracts.sandbox import (
     BrokenEnvironment,
     HealthChecked,
     MeteredSandbox,
+    PoolStarted,
     Sandbox,
     SandboxBackend,
     SandboxError,
@@ -45,6 +55,8 @@ __all__ = [
     "AgentOutcome",
     "BrokenEnvironment",
     "Bundle",
+    "ClosableOptimizer",
+    "ClosableStream",
     "ContextOverflow",
     "Endpoint",
     "Engine",
@@ -57,6 +69,8 @@ __all__ = [
     "MeteredSandbox",
     "NetworkMode",
     "Optimizer",
+    "PoolStarted",
+    "Prestarting",
     "Reward",
     "RoutedExperts",
     "SamplingParams",
@@ -65,6 +79,7 @@ __all__ = [
     "SandboxError",
     "Segment",
     "SessionPinning",
+    "StatsReporting",
     "TerminationReason",
     "Trajectory",
     "TrialCosts",

@@ -49,12 +49,7 @@ class AgentAdapter(Protocol):
 
     Subclass it (``class MyScaffold(AgentAdapter):``) to inherit the defaults of
     ``needs_model`` and ``accepts_task``; a class that does not subclass it defines both.
-
-    Optional: ``async def prestart(self, sandbox) -> object | None``. With a warm sandbox
-    pool, the pool calls it on each pooled sandbox once it is up, before its trial is known,
-    so the adapter can start its scaffold ahead (``slr.agents.prestart``: the interpreter
-    with its heavy imports done); what it returns travels with that sandbox as
-    ``sandbox.prestarted`` into this adapter's ``run`` for the trial it serves.
+    Optional: ``prestart`` (``Prestarting``).
     """
 
     protocol: Protocol_
@@ -80,3 +75,17 @@ class AgentAdapter(Protocol):
         An adapter with ``accepts_task = True`` also takes ``task: slr.tasks.Task``.
         """
         ...
+
+
+@runtime_checkable
+class Prestarting(Protocol):
+    """An adapter that starts its scaffold ahead of the trial (optional).
+
+    With a warm sandbox pool, the pool calls ``prestart`` on each pooled sandbox once it is
+    up, before its trial is known, so the adapter can start its scaffold ahead
+    (``slr.agents.prestart``: the interpreter with its heavy imports done); what it returns
+    travels with that sandbox as ``sandbox.prestarted`` (``PoolStarted``) into this
+    adapter's ``run`` for the trial it serves.
+    """
+
+    async def prestart(self, sandbox: Sandbox) -> object | None: ...

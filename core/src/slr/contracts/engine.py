@@ -101,6 +101,25 @@ class ForcedDecoding(Protocol):
     ) -> Generation: ...
 
 
+@runtime_checkable
+class StatsReporting(Protocol):
+    """An engine that keeps counters of its own (optional; the hf engine's load, steps,
+    tokens, prefix-cache hits): a Ray replica hands them to whoever asks
+    (``slr.cluster.engines``), for dashboards and benchmarks."""
+
+    def stats(self) -> Mapping[str, float]: ...
+
+
+@runtime_checkable
+class ClosableStream(Protocol):
+    """A stream that can be closed before its end (an async generator's ``aclose``).
+
+    What ``Engine.stream`` returns usually is one: whoever stops reading early closes it,
+    so the engine frees the sequence at the next token boundary instead of sampling on."""
+
+    async def aclose(self) -> None: ...
+
+
 class ChunkCollector:
     """Adds chunks up into the ``Generation`` they make (what ``generate`` returns)."""
 
@@ -150,9 +169,8 @@ async def collect(chunks: AsyncIterator[GenerationChunk]) -> Generation:
             if chunk.finish_reason is not None:
                 break
     finally:
-        close = getattr(chunks, "aclose", None)
-        if close is not None:
-            await close()
+        if isinstance(chunks, ClosableStream):
+            await chunks.aclose()
     return collector.generation()
 
 

@@ -39,3 +39,12 @@ class Optimizer(Protocol):
         None if the checkpoint has none. Recorded in the checkpoint, so ``slr eval
         --checkpoint`` serves it without building the optimizer."""
         ...
+
+
+@runtime_checkable
+class ClosableOptimizer(Protocol):
+    """An optimizer that holds something to let go of when the run ends (optional): worker
+    processes, a Ray actor (``slr.cluster.trainer.RemoteOptimizer``). The loop calls
+    ``close`` once, after the last step, on every path."""
+
+    def close(self) -> None: ...

@@ -88,6 +88,17 @@ class HealthChecked(Protocol):
 
 
 @runtime_checkable
+class PoolStarted(Protocol):
+    """A sandbox a warm pool started ahead of its trial (``slr.sandboxing.pool``), not a
+    backend's: the trial runner charges ``pool_start_s`` (the wall time the pool spent
+    starting it) to the trial's costs, and the agent's ``run`` takes ``prestarted`` (what
+    its ``Prestarting.prestart`` left in the sandbox, once: ``slr.agents.prestart.take``)."""
+
+    pool_start_s: float
+    prestarted: object
+
+
+@runtime_checkable
 class SandboxBackend(Protocol):
     """Makes sandboxes from task environments."""
 

@@ -28,6 +28,7 @@ from typing import Any
 from attrs import define, field, frozen
 
 from slr.contracts import (
+    ClosableStream,
     ContextOverflow,
     Engine,
     EngineUnavailable,
@@ -206,9 +207,8 @@ class LoadBalancer:
                 self._counts["failovers"] += 1
             finally:
                 replica.in_flight -= 1
-                close = getattr(chunks, "aclose", None)
-                if close is not None:
-                    await close()
+                if isinstance(chunks, ClosableStream):
+                    await chunks.aclose()
 
     async def _next_chunk(self, chunks: AsyncIterator[GenerationChunk]) -> GenerationChunk:
         if self._call_timeout_s is None:

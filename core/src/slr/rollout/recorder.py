@@ -48,7 +48,7 @@ import attrs
 import structlog
 
 from slr.config import Config
-from slr.contracts import SamplingParams, TerminationReason, TrialResult
+from slr.contracts import Prestarting, SamplingParams, TerminationReason, TrialResult
 from slr.plugins import PluginManager
 from slr.proxy import Proxy, ProxySessions
 from slr.proxy.server import Session, write_transcript
@@ -176,7 +176,8 @@ class Rollout:
             else:
                 proxy = Proxy(self.engine, self.config.proxy, sampling=sampling_of(self.config))
                 self.proxy = await stack.enter_async_context(proxy)
-                protocol = getattr(self.agent, "protocol", "openai")
+                # no agent (slr serve): clients speak the OpenAI API
+                protocol = "openai" if self.agent is None else self.agent.protocol
                 # transcripts are kept, not written: whoever records the trial writes them
                 self._transcripts = ProxySessions(
                     self.proxy, protocol=protocol, keep_transcripts=True
@@ -222,7 +223,7 @@ class Rollout:
             mounts=bundle_mounts(bundle),
             run_id=self.run_id,
             # the agent's own start-up, ahead of the trial (optional; slr.agents.prestart)
-            prestart=getattr(self.agent, "prestart", None),
+            prestart=self.agent.prestart if isinstance(self.agent, Prestarting) else None,
         )
 
     # -- trials ----------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from slr.contracts import (
     ContextOverflow,
     Endpoint,
     EngineUnavailable,
+    PoolStarted,
     Reward,
     Sandbox,
     SandboxBackend,
@@ -289,9 +290,9 @@ class _Trial:
         await self._cleanup()
         self.meter.mark("end", read_cpu=False)
         self.timings["total_s"] = round(self.meter.marks["end"] - start, 4)
-        costs = self.meter.costs(
-            self.clock, pool_start_s=getattr(self.sandbox, "pool_start_s", None)
-        )
+        sandbox = self.sandbox
+        pool_start_s = sandbox.pool_start_s if isinstance(sandbox, PoolStarted) else None
+        costs = self.meter.costs(self.clock, pool_start_s=pool_start_s)
         return attrs.evolve(
             result, timings=dict(self.timings), trajectory=self.trajectory, costs=costs
         )

@@ -61,7 +61,7 @@ from slr.errors import UsageError
 from slr.hookspecs import RunStatus
 from slr.rollout.recorder import TrialRunner, TrialSpec
 from slr.run import checkpoints
-from slr.run.loop import Loop, no_signal
+from slr.run.loop import Loop, no_signal, oversampled
 from slr.tasks import Task
 
 log = structlog.get_logger()
@@ -140,7 +140,22 @@ class StepWindow:
     dropped_stale: int = 0
     kept_stale: int = 0
     dropped_no_signal: int = 0
+    oversampled: int = 0
+    """Set when the step's batch is taken: the groups started in place of those dropped on
+    the step's budget (``slr.run.loop.oversampled``). Not ``dropped_no_signal``: a group
+    dropped while the step trains counts in this window but on the next step's budget."""
     admission_wait_s: float = 0.0
+
+    def groups_metrics(self, *, trained: int) -> dict[str, int]:
+        """The step's ``groups/*`` metrics; ``trained``: the groups in its batch."""
+        return {
+            "groups/started": self.started,
+            "groups/trained": trained,
+            "groups/dropped_stale": self.dropped_stale,
+            "groups/kept_stale": self.kept_stale,
+            "groups/dropped_no_signal": self.dropped_no_signal,
+            "groups/oversampled": self.oversampled,
+        }
 
 
 class AsyncLoop(Loop):
@@ -300,6 +315,9 @@ class AsyncLoop(Loop):
                 batch.append(group)
             self.steps_taken = step
             self.ahead -= len(batch)
+            self.window.oversampled = oversampled(
+                self.config, rolled_out=len(batch) + self._oversampled
+            )
             self._oversampled = 0
             self._cond.notify_all()
         return batch
@@ -333,12 +351,7 @@ class AsyncLoop(Loop):
                 "staleness/age_min": min(ages, default=0),
                 "staleness/age_max": max(ages, default=0),
                 "staleness/age_mean": sum(ages) / len(ages) if ages else 0.0,
-                "groups/started": window.started,
-                "groups/trained": len(batch),
-                "groups/dropped_stale": window.dropped_stale,
-                "groups/kept_stale": window.kept_stale,
-                "groups/dropped_no_signal": window.dropped_no_signal,
-                "groups/oversampled": window.dropped_no_signal,
+                **window.groups_metrics(trained=len(batch)),
                 "trials/in_flight_at_update": in_flight,
                 "time/trainer_wait_s": t1 - t0,
                 "time/admission_wait_s": window.admission_wait_s,

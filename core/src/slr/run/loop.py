@@ -47,6 +47,7 @@ from slr.cluster.workers import RolloutPool, start_rollout_workers
 from slr.config import Config
 from slr.contracts import (
     AgentAdapter,
+    ClosableOptimizer,
     Engine,
     Optimizer,
     SandboxBackend,
@@ -185,6 +186,18 @@ def no_signal(trials: Sequence[TrialResult]) -> bool:
     return sum(t.trainable for t in trials) >= 2 and len(rewards) == 1
 
 
+def oversampled(config: Config, *, rolled_out: int) -> int:
+    """The step metric ``groups/oversampled``: how many groups a step rolled out beyond its
+    ``tasks_per_step``, each in place of a group without reward variance that dynamic
+    sampling left out, so at most ``rollout.max_oversample``.
+
+    ``rolled_out``: the groups run for the step. The sync loop's waves ran that many slots;
+    the async loop counts the step's batch and the groups dropped on the step's budget
+    (from one batch taken to the next), each of which a new group replaced.
+    """
+    return rolled_out - config.rollout.tasks_per_step
+
+
 @attrs.frozen(kw_only=True)
 class StepRollout:
     """What a synchronous step rolled out: the groups it trains on, and what it left out."""
@@ -192,7 +205,7 @@ class StepRollout:
     trials: list[TrialResult]
     """The trials of the trained groups, in slot order."""
     oversampled: int = 0
-    """Groups rolled out beyond ``tasks_per_step`` (dynamic sampling)."""
+    """Groups rolled out beyond ``tasks_per_step`` (dynamic sampling; ``oversampled``)."""
     dropped_no_signal: int = 0
     """Groups without reward variance left out of the batch."""
 
@@ -232,7 +245,7 @@ async def rollout_step(
     batch = sorted(informative + fill, key=lambda g: g[0])
     return StepRollout(
         trials=[t for _, group in batch for t in group],
-        oversampled=next_slot - r.tasks_per_step,
+        oversampled=oversampled(config, rolled_out=next_slot),
         dropped_no_signal=len(flat) - len(fill),
     )
 
@@ -445,10 +458,9 @@ class Loop:
 
     def close(self) -> None:
         """End what outlives the trial recorder: a remote trainer (its actor)."""
-        close = getattr(self.parts.optimizer, "close", None)
-        if callable(close):
+        if isinstance(self.parts.optimizer, ClosableOptimizer):
             try:
-                close()
+                self.parts.optimizer.close()
             except Exception:
                 log.exception("closing the optimizer failed")
 
