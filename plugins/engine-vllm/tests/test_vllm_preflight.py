@@ -66,3 +66,25 @@ def test_replicas_need_one_gpu_set_each_and_truncated_logprobs_warn():
     assert trunc.status == "warn" and "renormalized" in trunc.message
     [fine] = results("vllm-config", "engine.replicas=2", 'engine.gpus_per_replica=["0", "1"]')
     assert fine.status == "pass"
+
+
+def test_routed_experts_in_async_training_are_refused_before_the_rollout():
+    plugins = get_plugin_manager()
+    cfg = load_config(
+        plugins=plugins,
+        choose={"agent": "nop", "backend": "local", "engine": "vllm"},
+        sets=['engine.model="m"', "engine.return_routed_experts=true", 'run.mode="async"'],
+    )
+    [check] = [c for c in plugins.preflight_checks() if c.name == "vllm-config"]
+    report = run_checks([check], Context(config=cfg, plugins=plugins), stages=("config",))
+    assert [line.text() for line in report.fatal] == [
+        "fatal  vllm-config: engine.return_routed_experts = true with run.mode = 'async': "
+        "async training pushes weights mid-generation (a partial update), and vLLM returns "
+        "routed experts only with the whole completion, so a generation has no token boundary "
+        "to pause at and the first training step would fail after a whole rollout. Fix: set "
+        "run.mode = 'sync', or engine.return_routed_experts = false (and "
+        "algorithm.routing_replay = false) (see "
+        "docs/troubleshooting/training.md#a-setting-is-refused-before-the-run-starts)"
+    ]
+    [sync] = results("vllm-config", "engine.return_routed_experts=true")
+    assert sync.status == "pass"

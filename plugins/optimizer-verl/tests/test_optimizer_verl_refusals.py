@@ -34,6 +34,12 @@ def test_optimizer_name_verl_takes_its_own_options():
         ({}, {"policy_loss": "no-such-loss"}, "not a verl policy loss"),
         (
             {},
+            {"routing_replay": True},
+            r"routing_replay = true but the verl optimizer cannot replay routing: .*; set "
+            r'\[optimizer\] name = "torch"',
+        ),
+        (
+            {},
             {"rollout_correction": RolloutCorrectionSection(preset="no-such-preset")},
             "not a verl RolloutCorrectionConfig preset",
         ),

@@ -498,6 +498,10 @@ def load_config(
 
     ``only_plugins`` names the plugin sections a command needs (``slr serve`` needs only
     ``engine``); the others keep their names but are not looked up or validated.
+
+    An optimizer's options class may list the ``[algorithm]`` names it runs in a class-level
+    ``ACCEPTS: ClassVar[dict[str, tuple[str, ...]]]`` (``{"adv_estimator": ("grpo", ...)}``):
+    any other value of those keys fails here, with the closest accepted name.
     """
     if data is None:
         data = {}
@@ -556,7 +560,25 @@ def load_config(
         else:
             options = structure(raw, registration.config_cls, path=section)
         choices[section] = PluginChoice(name=name, options=options)
+    if "optimizer" in choices and (only_plugins is None or "optimizer" in only_plugins):
+        _check_accepted(base.algorithm, choices["optimizer"])
     return Config(**{f.name: getattr(base, f.name) for f in attrs.fields(_CoreOnly)}, **choices)
+
+
+def _check_accepted(algorithm: AlgorithmSection, optimizer: PluginChoice) -> None:
+    """``[algorithm]`` names the chosen optimizer runs (its options class's ``ACCEPTS``):
+    a misspelt estimator or loss fails at load, not when the optimizer is built."""
+    accepts: dict[str, tuple[str, ...]] = getattr(type(optimizer.options), "ACCEPTS", {})
+    for key, names in accepts.items():
+        value = getattr(algorithm, key)
+        if value in names:
+            continue
+        close = difflib.get_close_matches(str(value), names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"algorithm.{key} = {value!r} is not one the {optimizer.name!r} optimizer "
+            f"runs.{hint} Accepted: {', '.join(names)}"
+        )
 
 
 @frozen(kw_only=True)

@@ -1,6 +1,7 @@
 """The vLLM engine's preflight: its servers answer and serve the model, or the launch has
-what it needs (the ``vllm`` command, one GPU set per replica, GPUs with memory free); and
-the one sampling setting that makes its log-probs differ from the trainer's."""
+what it needs (the ``vllm`` command, one GPU set per replica, GPUs with memory free); the
+one sampling setting that makes its log-probs differ from the trainer's; and routed experts
+in async training, which its partial weight updates cannot serve."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import httpx
 
 from slr.preflight import CheckResult, Context, fatal, ok, warn
 from slr.preflight.engines import DOC, launch_headroom, model_cards, replica_gpus
+
+REFUSED = "docs/troubleshooting/training.md#a-setting-is-refused-before-the-run-starts"
 
 
 def _applies(ctx: Context) -> bool:
@@ -30,6 +33,19 @@ def check_config(ctx: Context) -> list[CheckResult] | None:
                 f"nucleus, the trainer scores the full vocabulary, so their agreement drops",
                 fix="keep rollout.top_p = 1.0 for training",
                 doc="docs/troubleshooting/training.md#log-prob-agreement-falling",
+            )
+        )
+    if o.return_routed_experts and ctx.purpose == "run" and ctx.config.run.mode == "async":
+        found.append(
+            fatal(
+                "engine.return_routed_experts = true with run.mode = 'async': async training "
+                "pushes weights mid-generation (a partial update), and vLLM returns routed "
+                "experts only with the whole completion, so a generation has no token "
+                "boundary to pause at and the first training step would fail after a whole "
+                "rollout",
+                fix="set run.mode = 'sync', or engine.return_routed_experts = false (and "
+                "algorithm.routing_replay = false)",
+                doc=REFUSED,
             )
         )
     return found or [ok(f"{len(o.urls) or o.replicas} vLLM server(s) configured")]

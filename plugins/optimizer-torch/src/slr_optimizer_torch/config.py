@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 from attrs import frozen, validators
 
 from slr.config import option
+from slr_optimizer_torch.algorithm_names import ACCEPTS
 
 _MOVED = "moved to [algorithm] (verl's algorithm.{0}, shared with every optimizer): write it there"
 
@@ -21,6 +22,9 @@ _MOVED = "moved to [algorithm] (verl's algorithm.{0}, shared with every optimize
 class TrainerOptions:
     """The ``[optimizer]`` options every trainer has, by the same names and meanings (the
     verl optimizer subclasses it too; docs/training.md maps each to verl's config path)."""
+
+    #: the [algorithm] names these trainers run (verl's), checked when a config is loaded
+    ACCEPTS: ClassVar[dict[str, tuple[str, ...]]] = ACCEPTS
 
     lr: float = option(1e-6, doc="AdamW learning rate.", validator=validators.gt(0.0))
     weight_decay: float = option(0.01, doc="AdamW weight decay.", validator=validators.ge(0.0))

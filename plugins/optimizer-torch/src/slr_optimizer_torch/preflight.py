@@ -16,6 +16,12 @@ def check_model(ctx: Context) -> CheckResult | None:
     tokens with its own weights and pushes them back to the engine."""
     if not _applies(ctx):
         return None
+    return trains_the_engines_model(ctx)
+
+
+def trains_the_engines_model(ctx: Context) -> CheckResult:
+    """A trainer's ``optimizer.model`` against ``engine.model`` (slr-optimizer-verl's
+    preflight asks the same)."""
     trained = ctx.options("optimizer").model
     sampled = getattr(ctx.options("engine"), "model", None)
     if not trained or not sampled or trained == sampled:

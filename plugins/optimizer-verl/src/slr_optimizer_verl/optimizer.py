@@ -56,7 +56,7 @@ from slr.config import AlgorithmSection, Config
 from slr.contracts import TrialResult
 from slr.contracts.weights import LoraSpec
 from slr.errors import ConfigError
-from slr_optimizer_verl import checkpoint, lora
+from slr_optimizer_verl import checkpoint, lora, refusals
 from slr_optimizer_verl.batch import Layout, to_verl
 from slr_optimizer_verl.config import VerlOptimizerConfig
 from slr_optimizer_verl.fused import ClassForward
@@ -90,27 +90,13 @@ _CRITIC_METRICS = {
 }
 
 
-def _refuse_multi_rank(algorithm: AlgorithmSection, options: VerlOptimizerConfig) -> None:
-    """What runs at world size 1 only so far, refused by name at world size >= 2."""
-    if options.world_size == 1:
-        return
-    wanted = [
-        name
-        for name, on in (
-            ("algorithm.adv_estimator = 'gae' (the critic)", algorithm.adv_estimator == "gae"),
-            ("algorithm.use_kl_loss (the reference)", algorithm.use_kl_loss),
-            ("optimizer.lora_rank > 0", options.lora_rank > 0),
-            ("optimizer.use_fused_kernels", options.use_fused_kernels),
-            ("[algorithm.rollout_correction]", algorithm.rollout_correction.configured),
-        )
-        if on
-    ]
-    if wanted:
-        raise ConfigError(
-            f"optimizer.world_size = {options.world_size} with {', '.join(wanted)}: the "
-            f"verl optimizer spreads only the actor over ranks so far; set world_size = 1 "
-            f"for these, or turn them off"
-        )
+def _refuse(algorithm: AlgorithmSection, options: VerlOptimizerConfig) -> None:
+    """What the preflight refuses (``refusals``), raised here too: a run started with
+    ``--skip-preflight``, or an optimizer built outside a run."""
+    for refusal in (refusals.routing_replay(algorithm), refusals.multi_rank(algorithm, options)):
+        if refusal is not None:
+            problem, fix = refusal
+            raise ConfigError(f"{problem}; {fix}")
 
 
 class VerlOptimizer:
@@ -136,7 +122,7 @@ class VerlOptimizer:
                 "Face model folder), or [engine] model for the engine and optimizer together"
             )
         check_names(algorithm)
-        _refuse_multi_rank(algorithm, options)
+        _refuse(algorithm, options)
         self.correction = resolve(algorithm, options)
         self.algorithm = algorithm
         self.temperature = float(temperature)

@@ -29,7 +29,7 @@ import structlog
 import torch
 
 from slr.errors import SlrError, UsageError
-from slr_optimizer_verl import dispatch, weights
+from slr_optimizer_verl import dispatch, refusals, weights
 
 log = structlog.get_logger()
 
@@ -47,19 +47,11 @@ def _check_room(world_size: int, device: str) -> None:
     """Fail at once when no Ray node can ever hold the ranks (Ray would wait forever)."""
     import ray
 
-    need = {"CPU": float(world_size), **({"GPU": float(world_size)} if device == "cuda" else {})}
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    if any(all(float(n.get(k, 0)) >= v for k, v in need.items()) for n in nodes):
-        return
-    have = (
-        "; ".join(", ".join(f"{k} {float(n.get(k, 0)):g}" for k in need) for n in nodes)
-        or "no nodes"
-    )
-    raise UsageError(
-        f"optimizer.world_size = {world_size} puts its ranks on one Ray node asking "
-        f"{', '.join(f'{k} = {v:g}' for k, v in need.items())}, but the nodes have: {have}; "
-        f"lower optimizer.world_size or add a node with room for every rank"
-    )
+    refusal = refusals.unplaceable(nodes, world_size, device)
+    if refusal is not None:
+        problem, fix = refusal
+        raise UsageError(f"{problem}; {fix}")
 
 
 class RayGroup:
