@@ -101,3 +101,22 @@ def test_tiny_model_batched_logprobs_match(tiny_engine, tiny_pair, reference_log
     for prompt, gen in zip(prompts, gens, strict=True):
         ref = reference_logprobs(model, prompt, gen.token_ids, 1.0)
         assert max(abs(a - b) for a, b in zip(ref, gen.logprobs, strict=True)) <= 1e-4
+
+
+@pytest.mark.parametrize("temperature", [4.5e-45, 1e-30, 9e-6])
+def test_a_vanishing_temperature_is_greedy_not_nan(temperature):
+    """Dividing the logits by a denormal temperature overflows to inf, and sampling from
+    that raised "probability tensor contains inf / nan" (a 500 from the proxy, found by its
+    schema fuzz). Below ``GREEDY_BELOW`` a temperature is greedy, as in vLLM."""
+    import math
+
+    import torch
+    from slr_engine_hf.sampling import new_generator, sample_rows
+
+    params = SamplingParams(temperature=temperature)
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(0)) * 5
+    tokens, values = sample_rows(logits, [params], [new_generator(1)])
+    assert tokens == [int(torch.argmax(logits[0]))]
+    assert math.isfinite(values[0])
+    assert params.temperature == 0.0  # recorded as greedy: the trainer scores it untempered
+    assert SamplingParams(temperature=1e-3).temperature == 1e-3  # small but real: kept

@@ -57,11 +57,23 @@ def _same_length_as(other: str):
     return check
 
 
+#: Temperatures below this are greedy (read as 0), as vLLM's sampler treats them: dividing the
+#: logits by one (a denormal ``4.5e-45`` included) overflows to inf and the sample to NaN.
+GREEDY_BELOW = 1e-5
+
+
+def _temperature(value: float) -> float:
+    return 0.0 if 0.0 <= value < GREEDY_BELOW else value
+
+
 @frozen(kw_only=True)
 class SamplingParams:
-    """How to sample. ``top_k = 0`` and ``top_p = 1.0`` mean no truncation."""
+    """How to sample. ``top_k = 0`` and ``top_p = 1.0`` mean no truncation; a temperature
+    below ``GREEDY_BELOW`` is greedy and reads as 0."""
 
-    temperature: float = field(default=1.0, validator=validators.ge(0.0))
+    temperature: float = field(
+        default=1.0, converter=_temperature, validator=validators.ge(0.0)
+    )
     top_p: float = field(default=1.0, validator=[validators.gt(0.0), validators.le(1.0)])
     top_k: int = field(default=0, validator=validators.ge(0))
     max_tokens: int = field(default=512, validator=validators.ge(1))
