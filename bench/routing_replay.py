@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import time
 from pathlib import Path
 from typing import Literal
@@ -127,7 +128,10 @@ def main() -> None:
     parser.add_argument("--pack", default="none", choices=["none", "tree"])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    report = harness.Output(args)
+    # the engine logs on file descriptor 1: the result keeps a copy of it, 1 goes to stderr,
+    # so that with --json stdout is the JSON object alone (harness.Output)
+    report = harness.Output(args, stdout=os.fdopen(os.dup(1), "w"))
+    os.dup2(2, 1)
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
 
     def progress(what: str) -> None:

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import structlog
+import structlog.testing
 import torch
 from slr_engine_hf.config import HfEngineConfig
 from slr_engine_hf.engine import HfEngine
@@ -255,11 +257,13 @@ def test_partial_update_mode_reaches_every_replica(replicas):
 
 class SwitchableStandIn:
     """A real engine a test can switch off and on: a stand-in for a replica whose process
-    crashed and was restarted (its calls fail and its health is False while off)."""
+    crashed and was restarted (its calls fail and its health is False while off). It notes
+    the weights version its engine served each call that reached it."""
 
     def __init__(self, engine: HfEngine) -> None:
         self.engine = engine
         self.off = False
+        self.served: list[int] = []
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -267,7 +271,13 @@ class SwitchableStandIn:
     async def generate(self, prompt_ids, sampling, *, session_id=None):
         if self.off:
             raise EngineUnavailable("switched off")
+        self.served.append(self.engine.weights_version)
         return await self.engine.generate(prompt_ids, sampling, session_id=session_id)
+
+    async def update_weights(self, state_dict, *, version=None, mode="drain"):
+        if self.off:
+            raise EngineUnavailable("switched off")
+        return await self.engine.update_weights(state_dict, version=version, mode=mode)
 
     async def health(self) -> bool:
         return not self.off
@@ -347,3 +357,89 @@ def test_publish_prepares_the_state_dict_once_for_every_replica(replicas, tiny_p
     version = asyncio.run(lb.update_weights(model.state_dict(), version=3))
     assert version == 3 and len(published) == 1
     assert [r.weights_version for r in replicas] == [3, 3]
+
+
+def _nudged(model) -> dict[str, torch.Tensor]:
+    return {k: v + 0.01 for k, v in model.state_dict().items()}
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_down_during_an_update_serves_the_new_version_before_any_request(
+    replicas, tiny_pair
+):
+    a = SwitchableStandIn(replicas[0])
+    lb = LoadBalancer([a, replicas[1]], names=["a", "b"], probe_interval_s=0.01)
+    state = _nudged(tiny_pair[0])
+    at_readmission: list[int] = []
+
+    def a_is_up() -> bool:
+        up = lb.metrics()["replicas"]["a"]["up"]
+        if up:  # checked the moment it is readmitted, before any call can reach it
+            at_readmission.append(replicas[0].weights_version)
+        return up
+
+    async def run():
+        a.off = True
+        await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id="s1")
+        assert lb.replica_of("s1") == "b" and not lb.metrics()["replicas"]["a"]["up"]
+        assert await lb.update_weights(state, version=7) == 7  # "a" is down: not reached
+        behind = lb.metrics()
+        a.off = False  # back, still on the old weights: the probe brings it up to date
+        await asyncio.wait_for(lb.wait_until(a_is_up), timeout=60)
+        gen = await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id="s2")
+        return behind, gen
+
+    behind, gen = asyncio.run(run())
+    # readmitted only once it served the update, with the update's weights
+    assert at_readmission[0] == 7
+    name = next(iter(state))
+    assert torch.equal(replicas[0].model.state_dict()[name], state[name])
+    assert lb.replica_of("s2") == "a" and gen.weights_version == 7
+    assert a.served == [7]  # every call that reached it after it came back
+    assert lb.weights_versions == {"a": 7, "b": 7}
+    # while it was down, the mismatch was visible
+    assert behind["published_version"] == 7
+    assert behind["replicas"]["a"]["weights_version"] == 0
+    assert behind["replicas"]["b"]["weights_version"] == 7
+    metrics = lb.metrics()
+    assert metrics["readmissions"] == 1 and metrics["weights_restored"] == 1
+
+
+class LiveState(dict):
+    """An export that reads the trainer's parameters when read (as verl's does): the
+    balancer must not send it again later as the version it was published as."""
+
+    def reads_live_parameters(self) -> bool:
+        return True
+
+
+def test_a_replica_that_cannot_be_resent_the_update_waits_out_of_service_for_the_next(
+    replicas, tiny_pair
+):
+    a = SwitchableStandIn(replicas[0])
+    lb = LoadBalancer([a, replicas[1]], names=["a", "b"], probe_interval_s=None)
+
+    async def run():
+        a.off = True
+        await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id="s1")
+        await lb.update_weights(LiveState(_nudged(tiny_pair[0])), version=4)
+        a.off = False
+        with structlog.testing.capture_logs() as logs:
+            back = await lb.probe_down()
+        waiting = lb.metrics()["replicas"]["a"]
+        gens = [
+            await lb.generate(PROMPT, SamplingParams(max_tokens=2), session_id=f"w{i}")
+            for i in range(3)
+        ]
+        version = await lb.update_weights(_nudged(tiny_pair[0]), version=5)
+        return back, logs, waiting, gens, version
+
+    back, logs, waiting, gens, version = asyncio.run(run())
+    assert back == [] and waiting["up"] is False and waiting["awaiting_update"] is True
+    assert waiting["weights_version"] == 0 and "cannot be sent again" in waiting["last_error"]
+    [warning] = [e for e in logs if e.get("replica") == "a"]
+    assert warning["log_level"] == "warning" and warning["published_version"] == 4
+    assert a.served == [] and all(g.weights_version == 4 for g in gens)  # all on "b"
+    # the next update reaches it, and it is back
+    assert version == 5 and lb.metrics()["replicas"]["a"]["up"] is True
+    assert lb.weights_versions == {"a": 5, "b": 5}

@@ -165,6 +165,7 @@ def test_a_run_records_each_trial_once_and_checkpoints_servable_weights(
     assert Counter(t.step for t in run.trials()) == {1: 4, 2: 4}
     assert all(t.weights_version == t.step - 1 for t in run.trials())
     assert [m["step"] for m in run.metrics()] == [1, 2]
+    assert all(m["weights/unpublished_tokens"] == 0 for m in run.metrics())
     latest = checkpoints.latest_checkpoint(run)
     assert latest == checkpoints.checkpoint_dir(run, 2)
     state = checkpoints.read_state(latest)

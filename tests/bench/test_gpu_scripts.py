@@ -1,13 +1,16 @@
-"""The GPU check scripts stop at once, with a clear message, on a machine without a GPU.
+"""The GPU check scripts stop at once, with a clear message, on a machine without a GPU;
+their dry run (``SLR_GPU_DRY_RUN=1``) runs every command they make, on the CPU.
 
 This machine has no GPU: what they measure on one is not exercised here (bench/gpu/README.md).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -28,13 +31,15 @@ pytestmark = [
 ]
 
 
-def _run(script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+def _run(
+    script: str, env: dict[str, str], *args: str, timeout: float = 50
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(GPU / script), *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
-        timeout=50,
+        timeout=timeout,
         cwd=ROOT,
     )
 
@@ -78,3 +83,45 @@ def test_cluster_node_names_what_is_missing_before_starting(tmp_path):
     result = _run("cluster_node.sh", env)
     assert result.returncode == 2
     assert "is not a model folder" in result.stderr
+
+
+@pytest.mark.slow  # ~30 s of CPU: two tiny models trained and scored for real
+@pytest.mark.timeout(600)
+def test_torch_only_dry_run_runs_both_benches_with_the_arguments_they_take(tmp_path):
+    env = {"PYTHON": sys.executable, "SLR_GPU_DRY_RUN": "1"}
+    result = _run("torch_only.sh", env, str(tmp_path), timeout=580)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "failed" not in out and "skipped" not in out, out
+    torch_only = json.loads((tmp_path / "torch_only.json").read_text())
+    assert torch_only["device"] == "cpu" and "engine_bf16_vs_trainer_fp32" in torch_only["part_b"]
+    replay = json.loads((tmp_path / "routing_replay.json").read_text())
+    assert {r["replay"] for r in replay["rows"]} == {False, True}
+
+
+@pytest.mark.parametrize(("engine", "optimizer"), [("sglang", "verl"), ("vllm", "torch")])
+def test_cluster_node_dry_run_writes_a_config_slr_accepts_and_places_the_trainer(
+    tmp_path, engine, optimizer
+):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    env = {
+        "SLR_GPU_DRY_RUN": "1",
+        "GPUS": "2",
+        "ENGINE": engine,
+        "OPTIMIZER": optimizer,
+        "MODEL": str(model),
+        "OUT": str(tmp_path / "run"),
+        "PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin",  # no nvidia-smi, no engine
+    }
+    result = _run("cluster_node.sh", env, "--set", "run.steps=2")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "0 fatal" in out and "--set run.steps=2" in out
+    assert "dry run: would run, with CUDA_VISIBLE_DEVICES=1:" in out
+    config = tomllib.loads((tmp_path / "run" / "slr.toml").read_text())
+    # the engine's server on GPU 0; the trainer, either one, on the only GPU slr sees (1)
+    assert config["engine"]["gpus_per_replica"] == ["0"]
+    assert config["optimizer"]["name"] == optimizer
+    assert config["optimizer"]["device"] == "cuda" and config["optimizer"]["dtype"] == "bfloat16"

@@ -71,9 +71,7 @@ class SamplingParams:
     """How to sample. ``top_k = 0`` and ``top_p = 1.0`` mean no truncation; a temperature
     below ``GREEDY_BELOW`` is greedy and reads as 0."""
 
-    temperature: float = field(
-        default=1.0, converter=_temperature, validator=validators.ge(0.0)
-    )
+    temperature: float = field(default=1.0, converter=_temperature, validator=validators.ge(0.0))
     top_p: float = field(default=1.0, validator=[validators.gt(0.0), validators.le(1.0)])
     top_k: int = field(default=0, validator=validators.ge(0))
     max_tokens: int = field(default=512, validator=validators.ge(1))

@@ -16,7 +16,7 @@ no wrapper prefix. ``slr.engines.lora`` writes them as a peft adapter folder.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal, Protocol, TypeGuard, runtime_checkable
 
 from attrs import field, frozen, validators
 
@@ -85,6 +85,23 @@ class WeightUpdate(Mapping[str, Any]):
     def nbytes(self) -> int:
         """Bytes of tensor data this update carries (what a transfer moves)."""
         return payload_bytes(self.tensors)
+
+
+@runtime_checkable
+class LiveExport(Protocol):
+    """An export whose tensors are read from the trainer's parameters when they are read
+    (verl's gathered state dict), not copied when it was made. Read again after the next
+    optimizer step it gives that step's weights, so it cannot be sent again as the version
+    it was published as (``replayable``)."""
+
+    def reads_live_parameters(self) -> bool: ...
+
+
+def replayable(weights: Any) -> bool:
+    """Whether ``weights`` (what a balancer kept of the latest update) can be sent again,
+    later, as the same version: a state dict of copied tensors, a ``WeightUpdate``, or a
+    reference to an immutable copy (Ray's object store) can; a ``LiveExport`` cannot."""
+    return not (isinstance(weights, LiveExport) and weights.reads_live_parameters())
 
 
 def payload_bytes(weights: Mapping[str, Any]) -> int:

@@ -15,6 +15,16 @@ A replica marked down is not gone for the rest of the run: while any replica is 
 balancer probes the down ones every ``probe_interval_s`` (``health()``), and one that
 answers healthy takes new sessions again (sessions that moved away stay where they are).
 The proxy calls ``forget(session_id)`` when a session closes, so pins do not pile up.
+
+Weights: ``update_weights`` reaches only the replicas that are up, so a replica that was
+down during an update (or that restarted from its model folder) would come back serving
+older weights. The balancer keeps the latest update it published (what ``publish`` made of
+it: a reference for out-of-process replicas, else the exported mapping itself) and re-sends
+it, as the same version, to a replica before readmitting it; the replica takes no request
+until it has answered. An update that cannot be re-sent (``slr.contracts.weights.replayable``:
+an export that reads the trainer's live parameters) leaves the replica out of service,
+logged by name, until the next update reaches it. ``weights_versions`` and ``metrics()``
+show each replica's served version beside the published one.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+import structlog
 from attrs import define, field, frozen
 
 from slr.contracts import (
@@ -37,6 +48,9 @@ from slr.contracts import (
     SamplingParams,
     UpdateMode,
 )
+from slr.contracts.weights import replayable
+
+log = structlog.get_logger()
 
 #: Errors that are the caller's fault: the same request would fail on any replica.
 CLIENT_ERRORS: tuple[type[BaseException], ...] = (ContextOverflow, ValueError, TypeError)
@@ -65,6 +79,18 @@ class _Replica:
     failures: int = 0
     last_error: str | None = None
     sessions: set[str] = field(factory=set)
+    # healthy, but the latest update cannot be re-sent to it: the next update readmits it
+    awaiting_update: bool = False
+    restoring: bool = False  # being brought to the latest weights before readmission
+
+
+@frozen(kw_only=True, eq=False)
+class _Published:
+    """The latest weight update: what every replica was sent, as which version."""
+
+    weights: Any
+    version: int
+    replayable: bool
 
 
 class LoadBalancer:
@@ -76,7 +102,9 @@ class LoadBalancer:
     marked down are asked whether they recovered (``None``: only by ``check_health()``).
     ``publish`` turns a state dict into what every replica receives in ``update_weights``,
     once per update (out-of-process replicas: one reference in a shared object store,
-    instead of one copy per replica).
+    instead of one copy per replica). The latest one is kept until the next update, to
+    bring a returning replica up to date (module docstring): without ``publish``, that is
+    the exported mapping itself, one more copy of the weights held between updates.
     """
 
     def __init__(
@@ -107,12 +135,14 @@ class LoadBalancer:
             "moves": 0,
             "failovers": 0,
             "readmissions": 0,
+            "weights_restored": 0,
         }
         if probe_interval_s is not None and probe_interval_s <= 0:
             raise ValueError(f"probe_interval_s = {probe_interval_s} must be > 0 (or None: off)")
         self._probe_interval_s = probe_interval_s
         self._probe: asyncio.Task[None] | None = None
         self._publish = publish
+        self._latest: _Published | None = None
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
         self._closed = False
 
@@ -136,6 +166,17 @@ class LoadBalancer:
     def weights_version(self) -> int:
         up = [r for r in self._replicas if r.up] or self._replicas
         return min(r.engine.weights_version for r in up)
+
+    @property
+    def weights_versions(self) -> dict[str, int]:
+        """Each replica's served weights version (what its engine reports), up or down:
+        beside ``published_version``, a replica that fell behind shows."""
+        return {r.name: r.engine.weights_version for r in self._replicas}
+
+    @property
+    def published_version(self) -> int | None:
+        """The version of the latest update sent to the replicas (None before the first)."""
+        return None if self._latest is None else self._latest.version
 
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, session_id: str | None = None
@@ -222,26 +263,42 @@ class LoadBalancer:
         version: int | None = None,
         mode: UpdateMode = "drain",
     ) -> int:
-        """Update every replica that is up, concurrently; a replica that fails goes down."""
-        up = [r for r in self._replicas if r.up]
-        if not up:
+        """Update every replica that is up (and every one waiting for an update it could
+        not be re-sent), concurrently, to one version: ``version``, else one past the
+        newest any replica reports. A replica that fails goes down. The update is kept: a
+        replica down now is brought to it before it is readmitted (``_readmit``)."""
+        target = version if version is not None else self._next_version()
+        shared = self._publish(state_dict) if self._publish is not None else state_dict
+        # kept before the replicas are picked, with no await between: a replica readmitted
+        # from here on is brought to this update, one readmitted before is among the targets
+        self._latest = _Published(weights=shared, version=target, replayable=replayable(shared))
+        targets = [r for r in self._replicas if r.up or r.awaiting_update]
+        if not targets:
             raise EngineUnavailable(self._none_left_message())
         # "drain" is every engine's default: engines written before the modes keep working
         extra: dict[str, Any] = {} if mode == "drain" else {"mode": mode}
-        shared = self._publish(state_dict) if self._publish is not None else state_dict
         results = await asyncio.gather(
-            *(r.engine.update_weights(shared, version=version, **extra) for r in up),
+            *(r.engine.update_weights(shared, version=target, **extra) for r in targets),
             return_exceptions=True,
         )
         versions = []
-        for replica, result in zip(up, results, strict=True):
+        for replica, result in zip(targets, results, strict=True):
             if isinstance(result, BaseException):
                 self._mark_down(replica, f"update_weights failed: {result!r}")
-            else:
-                versions.append(int(result))
+                continue
+            versions.append(int(result))
+            if replica.awaiting_update and not self._closed:
+                replica.awaiting_update = False
+                self._back_in_service(replica)
         if not versions:
             raise EngineUnavailable("update_weights failed on every replica; see metrics()")
         return min(versions)
+
+    def _next_version(self) -> int:
+        known = [r.engine.weights_version for r in self._replicas]
+        if self._latest is not None:
+            known.append(self._latest.version)
+        return max(known) + 1
 
     async def health(self) -> bool:
         await self.check_health()
@@ -249,6 +306,7 @@ class LoadBalancer:
 
     async def close(self) -> None:
         self._closed = True
+        self._latest = None
         if self._probe is not None and not self._probe.done():
             self._probe.cancel()
         await asyncio.gather(*(r.engine.close() for r in self._replicas), return_exceptions=True)
@@ -260,23 +318,28 @@ class LoadBalancer:
     async def check_health(self) -> dict[str, bool]:
         """Ask every replica; mark the unhealthy ones down and the recovered ones up."""
         answers = await asyncio.gather(*(self._ask(r) for r in self._replicas))
+        back = []
         for replica, ok in zip(self._replicas, answers, strict=True):
-            if not ok and replica.up:
+            if not ok and (replica.up or replica.awaiting_update):
                 self._mark_down(replica, "health check failed")
             elif ok and not replica.up:
-                self._readmit(replica)
+                back.append(replica)
+        await asyncio.gather(*(self._readmit(r) for r in back))
         return {r.name: r.up for r in self._replicas}
 
     async def probe_down(self) -> list[str]:
-        """Ask only the replicas marked down; readmit the healthy ones. Returns their names."""
-        down = [r for r in self._replicas if not r.up]
+        """Ask only the replicas marked down; readmit the healthy ones (each brought to the
+        latest published weights first). Returns the names of those readmitted."""
+        down = [r for r in self._replicas if self._probed(r)]
         answers = await asyncio.gather(*(self._ask(r) for r in down))
-        back = []
-        for replica, ok in zip(down, answers, strict=True):
-            if ok and not replica.up and not self._closed:
-                self._readmit(replica)
-                back.append(replica.name)
-        return back
+        healthy = [r for r, ok in zip(down, answers, strict=True) if ok]
+        readmitted = await asyncio.gather(*(self._readmit(r) for r in healthy))
+        return [r.name for r, ok in zip(healthy, readmitted, strict=True) if ok]
+
+    @staticmethod
+    def _probed(replica: _Replica) -> bool:
+        """Down, and not waiting for the next update nor being brought to the last one."""
+        return not replica.up and not replica.awaiting_update and not replica.restoring
 
     async def wait_until(self, condition: Callable[[], bool]) -> None:
         """Return once ``condition()`` holds; it is checked whenever a replica goes down or
@@ -297,9 +360,77 @@ class LoadBalancer:
         except Exception:
             return False
 
-    def _readmit(self, replica: _Replica) -> None:
+    async def _readmit(self, replica: _Replica) -> bool:
+        """Put a replica that answered healthy back into service, once it serves the latest
+        published weights: the kept update is sent to it again, as the same version (the
+        replica may have missed it, or restarted from its model folder; the engine contract
+        cannot say which). Nothing reaches it before that answered. Whether it is up."""
+        if replica.up or replica.restoring or self._closed:
+            return replica.up
+        replica.restoring = True
+        try:
+            latest = self._latest
+            while latest is not None:
+                if not latest.replayable:
+                    self._await_update(replica, latest)
+                    return False
+                if not await self._restore(replica, latest):
+                    return False
+                if self._latest is latest:
+                    break
+                latest = self._latest  # an update came meanwhile: bring it to that one
+            if self._closed or replica.awaiting_update:
+                return False
+            self._back_in_service(replica)
+            return True
+        finally:
+            replica.restoring = False
+
+    async def _restore(self, replica: _Replica, latest: _Published) -> bool:
+        """Send ``latest`` to a replica out of service; whether it now serves that version."""
+        log.info(
+            "restoring weights before readmission", replica=replica.name, version=latest.version
+        )
+        try:
+            got = int(await replica.engine.update_weights(latest.weights, version=latest.version))
+        except Exception as exc:
+            replica.failures += 1
+            replica.last_error = f"restoring weights version {latest.version} failed: {exc!r}"
+            log.warning("replica stays down", replica=replica.name, reason=replica.last_error)
+            return False
+        if got != latest.version:
+            replica.last_error = (
+                f"restoring weights version {latest.version}: the replica reports {got}"
+            )
+            log.warning("replica stays down", replica=replica.name, reason=replica.last_error)
+            return False
+        self._counts["weights_restored"] += 1
+        return True
+
+    def _await_update(self, replica: _Replica, latest: _Published) -> None:
+        if replica.awaiting_update:
+            return  # said once, when it started waiting
+        replica.awaiting_update = True
+        replica.last_error = (
+            f"healthy, but serves older weights than version {latest.version}, whose update "
+            f"cannot be sent again (it reads the trainer's live parameters); out of service "
+            f"until the next weight update reaches it"
+        )
+        log.warning(
+            "replica stays out of service until the next weight update",
+            replica=replica.name,
+            published_version=latest.version,
+            served_version=replica.engine.weights_version,
+        )
+
+    def _back_in_service(self, replica: _Replica) -> None:
         replica.up = True  # it takes new sessions again; moved ones stay moved
         self._counts["readmissions"] += 1
+        log.info(
+            "replica readmitted",
+            replica=replica.name,
+            weights_version=replica.engine.weights_version,
+        )
         self._changed()
 
     def _changed(self) -> None:
@@ -321,7 +452,8 @@ class LoadBalancer:
         self._probe = loop.create_task(self._probe_loop(self._probe_interval_s))
 
     async def _probe_loop(self, interval: float) -> None:
-        while not self._closed and any(not r.up for r in self._replicas):
+        # a replica being restored counts: if that fails, it stays down and is probed again
+        while not self._closed and any(not r.up and not r.awaiting_update for r in self._replicas):
             await asyncio.sleep(interval)  # the probe's period, not a synchronisation
             await self.probe_down()
 
@@ -346,9 +478,12 @@ class LoadBalancer:
                     "sessions": len(r.sessions),
                     "failures": r.failures,
                     "last_error": r.last_error,
+                    "weights_version": r.engine.weights_version,
+                    "awaiting_update": r.awaiting_update,
                 }
                 for r in self._replicas
             },
+            "published_version": self.published_version,
             **self._counts,
             "recent_moves": [
                 {
@@ -404,6 +539,7 @@ class LoadBalancer:
         replica.failures += 1
         replica.last_error = reason
         replica.up = False
+        replica.awaiting_update = False
         self._changed()
         self._watch_down()
 

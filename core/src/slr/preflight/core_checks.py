@@ -42,10 +42,16 @@ def _requirement_on_core(dist: str) -> str | None:
         requires = metadata.requires(dist) or []
     except metadata.PackageNotFoundError:
         return None
-    for req in requires:
-        name = req.split(";", 1)[0].strip()
-        if name.replace("_", "-").lower().startswith(CORE_DISTRIBUTION):
-            return name[len(CORE_DISTRIBUTION) :].strip() or None
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        # "slr-core[cluster]>=0.1": the extras are not part of the version specifier
+        if req.name.replace("_", "-").lower() == CORE_DISTRIBUTION:
+            return str(req.specifier) or None
     return None
 
 

@@ -271,7 +271,9 @@ class AsyncLoop(Loop):
         async def one(spec: TrialSpec) -> TrialResult:
             try:
                 async with sem:
-                    return await runner.run_one(spec)
+                    trial = await runner.run_one(spec)
+                self.versions.check([trial])
+                return trial
             finally:
                 async with self._cond:
                     self.pending_trials -= 1

@@ -64,6 +64,7 @@ from slr.rollout.costs import cost_means
 from slr.rollout.recorder import BatchRunner, TrialRecorder, TrialSpec
 from slr.run import checkpoints
 from slr.run.directory import RunDir, atomic_write, wait_for_space
+from slr.run.versions import PublishedVersions
 from slr.tasks import Task, load_tasks
 
 log = structlog.get_logger()
@@ -260,6 +261,8 @@ class Loop:
             raise UsageError(f"no tasks found under tasks.path = {str(config.tasks.path)!r}")
         self.parts = build_components(config, plugins)
         self.start_step = 1
+        # the versions tokens may carry: the engine's starting weights, then each publish
+        self.versions = PublishedVersions([self.parts.engine.weights_version])
 
     # -- resume -------------------------------------------------------------------------
 
@@ -272,6 +275,8 @@ class Loop:
             self.parts.optimizer.load(ckpt)
         done = state.step
         self.start_step = done + 1
+        if done:  # steps 1..done published their weights as versions 1..done (base: 0)
+            self.versions.add(*range(done + 1))
         self._restore_state(state)
         self._discard_after(done)
         if done and done not in {m["step"] for m in self.run.metrics()}:
@@ -312,7 +317,9 @@ class Loop:
 
         async def run(specs: list[TrialSpec], wave: int) -> list[TrialResult]:
             more = f" (over-sampling, wave {wave + 1})" if wave else ""
-            return await runner.run(specs, label=label + more)
+            trials = await runner.run(specs, label=label + more)
+            self.versions.check(trials)
+            return trials
 
         return await rollout_step(self.tasks, self.config, step, run)
 
@@ -349,7 +356,16 @@ class Loop:
         would stall the proxy and every trial in flight for as long as it takes."""
         weights = await asyncio.to_thread(self.parts.optimizer.export_weights)
         extra: dict[str, UpdateMode] = {} if mode == "drain" else {"mode": mode}
-        return weights, await self.parts.engine.update_weights(weights, version=step, **extra)
+        # known before the update starts: with mode="partial" its tokens come at once
+        self.versions.add(step)
+        version = await self.parts.engine.update_weights(weights, version=step, **extra)
+        if version != step:
+            log.warning(
+                "the engine reports another weights version than the one published",
+                published=step,
+                engine=version,
+            )
+        return weights, version
 
     def step_metrics(
         self,
@@ -359,10 +375,13 @@ class Loop:
         runner: object,
     ) -> dict[str, Any]:
         """What every step's metrics line has, whichever loop took the step: the weight
-        sync, the trials' cost split (mean per trial) and the rollout workers' counters."""
+        sync, the tokens whose weights version was never published since the last line
+        (``slr.run.versions``), the trials' cost split (mean per trial) and the rollout
+        workers' counters."""
         return {
             **sync_metrics(weights),
             "weights_version": version,
+            **self.versions.take(),
             **cost_means(trials),
             **worker_metrics(runner),
         }

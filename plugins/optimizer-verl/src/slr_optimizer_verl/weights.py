@@ -76,3 +76,8 @@ class GatheredWeights(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._names)
+
+    def reads_live_parameters(self) -> bool:
+        """Always: a tensor is gathered from the model when read, so this mapping read after
+        the next step gives that step's weights (``slr.contracts.weights.LiveExport``)."""
+        return True
