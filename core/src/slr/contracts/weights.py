@@ -97,7 +97,7 @@ class LiveExport(Protocol):
     def reads_live_parameters(self) -> bool: ...
 
 
-def replayable(weights: Any) -> bool:
+def replayable(weights: object) -> bool:
     """Whether ``weights`` (what a balancer kept of the latest update) can be sent again,
     later, as the same version: a state dict of copied tensors, a ``WeightUpdate``, or a
     reference to an immutable copy (Ray's object store) can; a ``LiveExport`` cannot."""

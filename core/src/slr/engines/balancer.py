@@ -88,7 +88,7 @@ class _Replica:
 class _Published:
     """The latest weight update: what every replica was sent, as which version."""
 
-    weights: Any
+    weights: Mapping[str, object]
     version: int
     replayable: bool
 
