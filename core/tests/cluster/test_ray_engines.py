@@ -170,8 +170,18 @@ def test_weights_are_published_once_and_served_by_both_replicas(balancer, monkey
 
 def test_killing_a_replica_mid_stream_moves_the_session_and_it_comes_back(balancer):
     import ray
+    import torch
+
+    # weights of its own, published before the crash: the restarted replica must serve
+    # these, not its model folder's (whatever ran before this test, or nothing)
+    other, _ = tiny.tiny_model(seed=11)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
 
     async def run():
+        published = await balancer.update_weights(
+            {k: v.detach().clone() for k, v in other.state_dict().items()},
+            version=balancer.weights_version + 17,
+        )
         chunks = balancer.stream(PROMPT, LONG, session_id="victim")
         await anext(chunks)
         name = balancer.replica_of("victim")
@@ -188,16 +198,22 @@ def test_killing_a_replica_mid_stream_moves_the_session_and_it_comes_back(balanc
 
         await asyncio.wait_for(balancer.wait_until(back), timeout=120)
         restored = await victim.actor.weights_version.remote()
-        return name, moved_to, again, restored
+        served = await victim.generate(PROMPT, greedy)
+        return published, name, moved_to, again, restored, served
 
-    name, moved_to, again, restored = asyncio.run(run())
+    published, name, moved_to, again, restored, served = asyncio.run(run())
     assert moved_to is not None and moved_to != name and len(again.token_ids) >= 1
     metrics = balancer.metrics()
     assert metrics["moves"] >= 1
     assert any(m["session_id"] == "victim" and m["from"] == name for m in metrics["recent_moves"])
     assert metrics["readmissions"] >= 1
-    # the restarted replica was brought to the weights published before the crash
-    assert restored == balancer.weights_version
+    # the restarted replica was brought to the weights published before the crash: their
+    # version, and their tokens (what those weights give locally, greedily)
+    assert restored == published == balancer.weights_version
+    assert set(served.weights_versions) == {published}
+    with torch.no_grad():
+        out = other.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False)
+    assert list(served.token_ids) == out[0, len(PROMPT) :].tolist()[: len(served.token_ids)]
 
 
 def test_another_process_view_of_the_replicas_fails_over_and_owns_none(balancer):
