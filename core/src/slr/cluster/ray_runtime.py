@@ -142,6 +142,22 @@ def release() -> None:
         _state.address = None
 
 
+def live_nodes() -> list[dict[str, float]]:
+    """The resources of each live node of the Ray this process is connected to."""
+    import ray
+
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def cluster_nodes(address: str) -> list[dict[str, float]]:
+    """The resources of each live node of the Ray cluster at ``address`` (joins it briefly)."""
+    conn = connect(address)
+    try:
+        return live_nodes()
+    finally:
+        conn.release()
+
+
 def stay_on_loopback() -> None:
     """Keep the Ray processes this process starts, and its own driver, on 127.0.0.1.
 

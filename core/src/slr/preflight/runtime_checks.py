@@ -104,19 +104,6 @@ def this_machine() -> list[dict[str, float]]:
     return [{"CPU": float(os.cpu_count() or 1), "GPU": float(len(visible_gpus()))}]
 
 
-def cluster_nodes(address: str) -> list[dict[str, float]]:
-    """The resources of each live node of the Ray cluster at ``address`` (joins it briefly)."""
-    from slr.cluster.ray_runtime import connect
-
-    conn = connect(address)
-    try:
-        import ray
-
-        return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
-    finally:
-        conn.release()
-
-
 def _fmt(resources: dict[str, Any]) -> str:
     return "{" + ", ".join(f"{k} = {v:g}" for k, v in sorted(resources.items())) + "}"
 
@@ -168,6 +155,8 @@ def check_ray_topology(ctx: Context) -> CheckResult | None:
         return None
     if not remote:
         return fit(roles, this_machine(), "this machine (a local Ray)")
+    from slr.cluster.ray_runtime import cluster_nodes
+
     try:
         nodes = cluster_nodes(str(address))
     except Exception as exc:

@@ -33,9 +33,6 @@ class PublishedVersions:
     def add(self, *versions: int) -> None:
         self._known.update(int(v) for v in versions)
 
-    def __contains__(self, version: int) -> bool:
-        return version in self._known
-
     def check(self, trials: Sequence[TrialResult]) -> int:
         """Count (and log, per trial) the policy tokens whose version was never published;
         returns how many there were in ``trials``."""

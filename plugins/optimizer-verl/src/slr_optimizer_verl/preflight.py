@@ -94,23 +94,17 @@ def check_ranks(ctx: Context) -> CheckResult | None:
     options = ctx.options("optimizer")
     if options.world_size == 1 or not _remote(ctx):
         return None
-    from slr.cluster.ray_runtime import connect
+    from slr.cluster.ray_runtime import cluster_nodes
 
     address = str(ctx.config.run.ray_address)
     try:
-        connection = connect(address)
+        nodes = cluster_nodes(address)
     except Exception as exc:
         return fatal(
             f"the Ray cluster at run.ray_address = {address!r}, where the verl optimizer's "
             f"{options.world_size} ranks run, does not answer ({exc})",
             fix="start it (`ray start --head`), or fix run.ray_address",
         )
-    try:
-        import ray
-
-        nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
-    finally:
-        connection.release()
     refusal = refusals.unplaceable(nodes, options.world_size, _device(ctx))
     if refusal is not None:
         return _fatal(refusal)

@@ -45,10 +45,9 @@ def _last_line(exc: BaseException) -> str:
 
 def _check_room(world_size: int, device: str) -> None:
     """Fail at once when no Ray node can ever hold the ranks (Ray would wait forever)."""
-    import ray
+    from slr.cluster.ray_runtime import live_nodes
 
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    refusal = refusals.unplaceable(nodes, world_size, device)
+    refusal = refusals.unplaceable(live_nodes(), world_size, device)
     if refusal is not None:
         problem, fix = refusal
         raise UsageError(f"{problem}; {fix}")
